@@ -1,0 +1,73 @@
+"""rlsdk: an interactive research SDK for distributed RL post-training of language models.
+
+``import rlsdk`` defines things and starts nothing: no process, no process group, no heavy import. The public
+API below is imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_PUBLIC = {
+    "Session": "rlsdk.session",
+    "SessionConfig": "rlsdk.config",
+    "ModelConfig": "rlsdk.config",
+    "LaunchConfig": "rlsdk.config",
+    "InferenceConfig": "rlsdk.config",
+    "TrainConfig": "rlsdk.config",
+    "AlgorithmConfig": "rlsdk.config",
+    "RolloutConfig": "rlsdk.config",
+    "DataConfig": "rlsdk.config",
+    "ObserveConfig": "rlsdk.config",
+    "ConfigError": "rlsdk.config",
+    "load_config": "rlsdk.config",
+    "Rollout": "rlsdk.workflow.rollout",
+    "SamplingParams": "rlsdk.engine.inference.protocol",
+    "InferenceEngine": "rlsdk.engine.inference.protocol",
+    "RolloutWorkflow": "rlsdk.workflow.single_turn",
+    "RankError": "rlsdk.control.controller",
+    "RewardError": "rlsdk.rewards.apply",
+    "StaleRolloutError": "rlsdk.versioning",
+    "WeightMismatchError": "rlsdk.versioning",
+    "VersionLedger": "rlsdk.versioning",
+}
+
+__all__ = sorted(_PUBLIC)
+
+if TYPE_CHECKING:
+    from rlsdk.config import (
+        AlgorithmConfig,
+        ConfigError,
+        DataConfig,
+        InferenceConfig,
+        LaunchConfig,
+        ModelConfig,
+        ObserveConfig,
+        RolloutConfig,
+        SessionConfig,
+        TrainConfig,
+        load_config,
+    )
+    from rlsdk.control.controller import RankError
+    from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams
+    from rlsdk.rewards.apply import RewardError
+    from rlsdk.session import Session
+    from rlsdk.versioning import StaleRolloutError, VersionLedger, WeightMismatchError
+    from rlsdk.workflow.rollout import Rollout
+    from rlsdk.workflow.single_turn import RolloutWorkflow
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rlsdk' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_PUBLIC])

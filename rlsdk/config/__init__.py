@@ -1,0 +1,38 @@
+"""Canonical config dataclasses, strict YAML loading and command-line overrides.
+
+Importing this package does not import tyro; ``parse_cli`` imports it when called.
+"""
+
+from rlsdk.config.cli import parse_cli
+from rlsdk.config.components import (
+    AlgorithmConfig,
+    DataConfig,
+    InferenceConfig,
+    LaunchConfig,
+    ModelConfig,
+    ObserveConfig,
+    RolloutConfig,
+    TrainConfig,
+)
+from rlsdk.config.errors import ConfigError
+from rlsdk.config.io import config_from_dict, config_to_dict, load_config, merge_overrides, save_config
+from rlsdk.config.session import SessionConfig
+
+__all__ = [
+    "AlgorithmConfig",
+    "ConfigError",
+    "DataConfig",
+    "InferenceConfig",
+    "LaunchConfig",
+    "ModelConfig",
+    "ObserveConfig",
+    "RolloutConfig",
+    "SessionConfig",
+    "TrainConfig",
+    "config_from_dict",
+    "config_to_dict",
+    "load_config",
+    "merge_overrides",
+    "parse_cli",
+    "save_config",
+]

@@ -1,0 +1,274 @@
+"""One config dataclass per component. Each checks its own fields at construction and raises ConfigError.
+
+Field order in every class: required, common optional, rare optional, internal.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Literal
+
+from rlsdk.config.validate import check_types, require
+
+
+@dataclass
+class ModelConfig:
+    """The policy model.
+
+    Attributes:
+        path: Local directory holding a transformers causal LM and its tokenizer (non-empty; existence is
+            checked when the Session starts).
+        dtype: Parameter dtype on every rank: 'float32', 'bfloat16' or 'float16'.
+        trust_remote_code: Allow the model directory's own Python code to run when loading.
+    """
+
+    path: str
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self, "path", self.path.strip() != "", "a non-empty path to a local model directory")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass
+class LaunchConfig:
+    """How the train ranks are started and supervised.
+
+    Attributes:
+        num_ranks: Train ranks (processes) to start, 1..64.
+        backend: torch.distributed backend; only 'gloo' (CPU) for now.
+        threads_per_rank: torch intra-op threads per rank, >= 1.
+        start_timeout_s: Seconds to wait for every rank to report ready, > 0.
+        heartbeat_interval_s: Seconds between rank heartbeats, > 0.
+        heartbeat_timeout_s: Seconds without a heartbeat before a rank counts as dead; > heartbeat_interval_s.
+        command_timeout_s: Seconds a rank command may run before it is reported as hung; None = no limit,
+            else > 0.
+        host: Listen address of the control channel; a loopback address (127.x.x.x, ::1, localhost) unless
+            allow_remote is set.
+        allow_remote: Allow a non-loopback host, exposing the control channel to the network.
+    """
+
+    num_ranks: int = 2
+    backend: Literal["gloo"] = "gloo"
+    threads_per_rank: int = 1
+    start_timeout_s: float = 180.0
+    heartbeat_interval_s: float = 1.0
+    heartbeat_timeout_s: float = 30.0
+    command_timeout_s: float | None = None
+    host: str = "127.0.0.1"
+    allow_remote: bool = False
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self, "num_ranks", 1 <= self.num_ranks <= 64, "an int in [1, 64]")
+        require(self, "threads_per_rank", self.threads_per_rank >= 1, "an int >= 1")
+        require(self, "start_timeout_s", self.start_timeout_s > 0, "a finite float > 0")
+        require(self, "heartbeat_interval_s", self.heartbeat_interval_s > 0, "a finite float > 0")
+        require(
+            self,
+            "heartbeat_timeout_s",
+            self.heartbeat_timeout_s > self.heartbeat_interval_s,
+            f"a finite float > heartbeat_interval_s (= {self.heartbeat_interval_s})",
+        )
+        require(
+            self,
+            "command_timeout_s",
+            self.command_timeout_s is None or self.command_timeout_s > 0,
+            "None or a finite float > 0",
+        )
+        require(self, "host", self.host.strip() != "", "a non-empty host name or address")
+        require(
+            self,
+            "host",
+            self.allow_remote or _is_loopback(self.host),
+            "a loopback address (127.x.x.x, ::1, localhost) unless allow_remote=True",
+        )
+
+
+@dataclass
+class InferenceConfig:
+    """The inference engine that generates rollouts.
+
+    Attributes:
+        engine: Engine kind; only 'embedded' (in the controller process) for now.
+        num_threads: torch threads for the embedded engine; None = torch's default, else >= 1.
+        max_batch_size: Most sequences generated in one forward pass, >= 1.
+    """
+
+    engine: Literal["embedded"] = "embedded"
+    num_threads: int | None = None
+    max_batch_size: int = 1024
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self, "num_threads", self.num_threads is None or self.num_threads >= 1, "None or an int >= 1")
+        require(self, "max_batch_size", self.max_batch_size >= 1, "an int >= 1")
+
+
+@dataclass
+class TrainConfig:
+    """The optimizer (AdamW) and the training loop.
+
+    Attributes:
+        lr: Learning rate, > 0.
+        weight_decay: AdamW decoupled weight decay, >= 0.
+        betas: AdamW (beta1, beta2), each in [0, 1).
+        max_grad_norm: Clip the global gradient L2 norm to this; None = no clipping, else > 0.
+        micro_batch_size: Sequences per rank per forward pass, >= 1.
+        max_steps: Most update steps to run, >= 1.
+        target_reward: Stop early once the moving mean reward reaches this; None = never.
+        checkpoint_every: Save a checkpoint every N steps, >= 0; 0 = only at the end.
+        keep_checkpoints: Most recent checkpoints kept on disk, >= 1.
+    """
+
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float | None = 1.0
+    micro_batch_size: int = 128
+    max_steps: int = 1000
+    target_reward: float | None = None
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 2
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self, "lr", self.lr > 0, "a finite float > 0")
+        require(self, "weight_decay", self.weight_decay >= 0, "a finite float >= 0")
+        require(self, "betas", all(0 <= b < 1 for b in self.betas), "two floats, each in [0, 1)")
+        require(
+            self,
+            "max_grad_norm",
+            self.max_grad_norm is None or self.max_grad_norm > 0,
+            "None or a finite float > 0",
+        )
+        require(self, "micro_batch_size", self.micro_batch_size >= 1, "an int >= 1")
+        require(self, "max_steps", self.max_steps >= 1, "an int >= 1")
+        require(self, "checkpoint_every", self.checkpoint_every >= 0, "an int >= 0 (0 = only at the end)")
+        require(self, "keep_checkpoints", self.keep_checkpoints >= 1, "an int >= 1")
+
+
+@dataclass
+class AlgorithmConfig:
+    """The policy-gradient algorithm.
+
+    Attributes:
+        name: Algorithm; only 'grpo' for now.
+        clip_eps_low: Lower PPO clip range: the ratio is clipped below at 1 - clip_eps_low; in (0, 1).
+        clip_eps_high: Upper PPO clip range: the ratio is clipped above at 1 + clip_eps_high; > 0.
+        kl_coef: Weight of the KL penalty to the reference policy, >= 0; 0 = no penalty.
+        scale_rewards: Divide group-centred rewards by the group's reward std.
+        adv_eps: Added to the group std before dividing, > 0 (internal).
+    """
+
+    name: Literal["grpo"] = "grpo"
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    kl_coef: float = 0.0
+    scale_rewards: bool = True
+    adv_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self, "clip_eps_low", 0 < self.clip_eps_low < 1, "a float in (0, 1)")
+        require(self, "clip_eps_high", self.clip_eps_high > 0, "a finite float > 0")
+        require(self, "kl_coef", self.kl_coef >= 0, "a finite float >= 0")
+        require(self, "adv_eps", self.adv_eps > 0, "a finite float > 0")
+
+
+@dataclass
+class RolloutConfig:
+    """How completions are sampled, and how stale samples are treated.
+
+    Attributes:
+        group_size: Completions sampled per prompt, >= 1.
+        max_new_tokens: Most tokens generated per completion, >= 1.
+        temperature: Sampling temperature, > 0.
+        top_p: Nucleus-sampling mass, in (0, 1]; 1.0 = off.
+        top_k: Sample from the k most likely tokens, >= 0; 0 = off.
+        max_staleness: Most weight versions a sample may lag the trainer by, >= 0.
+        stale_policy: What an update does with samples staler than max_staleness: 'raise' or 'drop' (counted).
+    """
+
+    group_size: int = 16
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_staleness: int = 0
+    stale_policy: Literal["raise", "drop"] = "raise"
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self, "group_size", self.group_size >= 1, "an int >= 1")
+        require(self, "max_new_tokens", self.max_new_tokens >= 1, "an int >= 1")
+        require(self, "temperature", self.temperature > 0, "a finite float > 0")
+        require(self, "top_p", 0 < self.top_p <= 1, "a float in (0, 1]")
+        require(self, "top_k", self.top_k >= 0, "an int >= 0 (0 = off)")
+        require(self, "max_staleness", self.max_staleness >= 0, "an int >= 0")
+
+
+@dataclass
+class DataConfig:
+    """The prompt data set.
+
+    Attributes:
+        task: Task; only 'reverse_digits' (procedurally generated) for now.
+        prompts_per_step: Prompts per update step, >= 1.
+        min_digits: Fewest digits in a generated number, >= 1.
+        max_digits: Most digits in a generated number, >= min_digits.
+        num_examples: Examples in the generated data set, >= 1.
+    """
+
+    task: Literal["reverse_digits"] = "reverse_digits"
+    prompts_per_step: int = 16
+    min_digits: int = 3
+    max_digits: int = 3
+    num_examples: int = 10000
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self, "prompts_per_step", self.prompts_per_step >= 1, "an int >= 1")
+        require(self, "min_digits", self.min_digits >= 1, "an int >= 1")
+        require(
+            self,
+            "max_digits",
+            self.max_digits >= self.min_digits,
+            f"an int >= min_digits (= {self.min_digits})",
+        )
+        require(self, "num_examples", self.num_examples >= 1, "an int >= 1")
+
+
+@dataclass
+class ObserveConfig:
+    """Logs, metrics and artifacts.
+
+    Attributes:
+        output_dir: Output root for logs, TensorBoard events and checkpoints (non-empty).
+        log_level: Lowest level logged: 'DEBUG', 'INFO', 'WARNING' or 'ERROR'.
+        tensorboard: Write TensorBoard events under output_dir.
+        console: Show rank-tagged logs on the terminal.
+        moving_average: Window, in steps, of the reward moving mean, >= 1.
+    """
+
+    output_dir: str = "outputs/run"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    tensorboard: bool = True
+    console: bool = True
+    moving_average: int = 10
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self, "output_dir", self.output_dir.strip() != "", "a non-empty directory path")
+        require(self, "moving_average", self.moving_average >= 1, "an int >= 1")

@@ -1,0 +1,55 @@
+"""SessionConfig: the whole run's configuration, one section per component."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlsdk.config.components import (
+    AlgorithmConfig,
+    DataConfig,
+    InferenceConfig,
+    LaunchConfig,
+    ModelConfig,
+    ObserveConfig,
+    RolloutConfig,
+    TrainConfig,
+)
+from rlsdk.config.validate import check_types, require
+
+
+@dataclass
+class SessionConfig:
+    """Everything a Session needs; each section is validated by its own class.
+
+    Attributes:
+        model: The policy model (required).
+        launch: Train-rank processes and their supervision.
+        inference: The inference engine.
+        train: Optimizer and training loop.
+        algorithm: Policy-gradient algorithm.
+        rollout: Sampling and staleness policy.
+        data: Prompt data set.
+        observe: Logs, metrics and artifacts.
+        seed: Seed for data order, sampling and initialisation, >= 0.
+        run_name: Name of the run, shown in logs and metrics.
+    """
+
+    model: ModelConfig
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    observe: ObserveConfig = field(default_factory=ObserveConfig)
+    seed: int = 0
+    # TODO(config): constrain run_name (non-empty? path-safe?) once observe/ decides how it is used.
+    run_name: str = "run"
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self, "seed", self.seed >= 0, "an int >= 0")
+        self._validate_cross()
+
+    def _validate_cross(self) -> None:
+        """Checks spanning sections go here, raising ConfigError naming every field involved; none yet."""

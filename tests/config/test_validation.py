@@ -1,0 +1,191 @@
+"""Construction-time validation of every config dataclass."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rlsdk.config import (
+    AlgorithmConfig,
+    ConfigError,
+    DataConfig,
+    InferenceConfig,
+    LaunchConfig,
+    ModelConfig,
+    ObserveConfig,
+    RolloutConfig,
+    SessionConfig,
+    TrainConfig,
+)
+
+
+def _build(cls: type, kwargs: dict[str, Any]) -> Any:
+    if cls is ModelConfig:
+        kwargs = {"path": "models/tiny", **kwargs}
+    if cls is SessionConfig:
+        kwargs = {"model": ModelConfig(path="models/tiny"), **kwargs}
+    return cls(**kwargs)
+
+
+# (class, constructor kwargs, the field the error must name, the bad value it must show)
+BAD_VALUES = [
+    (ModelConfig, {"path": ""}, "path", ""),
+    (ModelConfig, {"path": 3}, "path", 3),
+    (ModelConfig, {"dtype": "fp8"}, "dtype", "fp8"),
+    (ModelConfig, {"trust_remote_code": 1}, "trust_remote_code", 1),
+    (LaunchConfig, {"num_ranks": 0}, "num_ranks", 0),
+    (LaunchConfig, {"num_ranks": 65}, "num_ranks", 65),
+    (LaunchConfig, {"num_ranks": True}, "num_ranks", True),
+    (LaunchConfig, {"num_ranks": 2.0}, "num_ranks", 2.0),
+    (LaunchConfig, {"backend": "nccl"}, "backend", "nccl"),
+    (LaunchConfig, {"threads_per_rank": 0}, "threads_per_rank", 0),
+    (LaunchConfig, {"start_timeout_s": 0.0}, "start_timeout_s", 0.0),
+    (LaunchConfig, {"heartbeat_interval_s": -1.0}, "heartbeat_interval_s", -1.0),
+    (LaunchConfig, {"heartbeat_timeout_s": 0.5}, "heartbeat_timeout_s", 0.5),
+    (LaunchConfig, {"command_timeout_s": 0.0}, "command_timeout_s", 0.0),
+    (LaunchConfig, {"host": "0.0.0.0"}, "host", "0.0.0.0"),
+    (LaunchConfig, {"host": "10.1.2.3"}, "host", "10.1.2.3"),
+    (LaunchConfig, {"host": "", "allow_remote": True}, "host", ""),
+    (LaunchConfig, {"allow_remote": "yes"}, "allow_remote", "yes"),
+    (InferenceConfig, {"engine": "vllm"}, "engine", "vllm"),
+    (InferenceConfig, {"num_threads": 0}, "num_threads", 0),
+    (InferenceConfig, {"max_batch_size": 0}, "max_batch_size", 0),
+    (TrainConfig, {"lr": -1.0}, "lr", -1.0),
+    (TrainConfig, {"lr": 0.0}, "lr", 0.0),
+    (TrainConfig, {"lr": float("inf")}, "lr", float("inf")),
+    (TrainConfig, {"lr": "1e-3"}, "lr", "1e-3"),
+    (TrainConfig, {"weight_decay": -0.1}, "weight_decay", -0.1),
+    (TrainConfig, {"betas": (0.9, 1.0)}, "betas", (0.9, 1.0)),
+    (TrainConfig, {"betas": (0.9,)}, "betas", (0.9,)),
+    (TrainConfig, {"max_grad_norm": 0.0}, "max_grad_norm", 0.0),
+    (TrainConfig, {"micro_batch_size": 0}, "micro_batch_size", 0),
+    (TrainConfig, {"max_steps": 0}, "max_steps", 0),
+    (TrainConfig, {"target_reward": "high"}, "target_reward", "high"),
+    (TrainConfig, {"checkpoint_every": -1}, "checkpoint_every", -1),
+    (TrainConfig, {"keep_checkpoints": 0}, "keep_checkpoints", 0),
+    (AlgorithmConfig, {"name": "ppo"}, "name", "ppo"),
+    (AlgorithmConfig, {"clip_eps_low": 0.0}, "clip_eps_low", 0.0),
+    (AlgorithmConfig, {"clip_eps_low": 1.0}, "clip_eps_low", 1.0),
+    (AlgorithmConfig, {"clip_eps_high": 0.0}, "clip_eps_high", 0.0),
+    (AlgorithmConfig, {"kl_coef": -0.1}, "kl_coef", -0.1),
+    (AlgorithmConfig, {"scale_rewards": "yes"}, "scale_rewards", "yes"),
+    (AlgorithmConfig, {"adv_eps": 0.0}, "adv_eps", 0.0),
+    (RolloutConfig, {"group_size": 0}, "group_size", 0),
+    (RolloutConfig, {"max_new_tokens": 0}, "max_new_tokens", 0),
+    (RolloutConfig, {"temperature": 0.0}, "temperature", 0.0),
+    (RolloutConfig, {"top_p": 0.0}, "top_p", 0.0),
+    (RolloutConfig, {"top_p": 1.5}, "top_p", 1.5),
+    (RolloutConfig, {"top_k": -1}, "top_k", -1),
+    (RolloutConfig, {"max_staleness": -1}, "max_staleness", -1),
+    (RolloutConfig, {"stale_policy": "ignore"}, "stale_policy", "ignore"),
+    (DataConfig, {"task": "math"}, "task", "math"),
+    (DataConfig, {"prompts_per_step": 0}, "prompts_per_step", 0),
+    (DataConfig, {"min_digits": 0}, "min_digits", 0),
+    (DataConfig, {"max_digits": 2}, "max_digits", 2),
+    (DataConfig, {"num_examples": 0}, "num_examples", 0),
+    (ObserveConfig, {"output_dir": ""}, "output_dir", ""),
+    (ObserveConfig, {"log_level": "TRACE"}, "log_level", "TRACE"),
+    (ObserveConfig, {"tensorboard": 0}, "tensorboard", 0),
+    (ObserveConfig, {"console": None}, "console", None),
+    (ObserveConfig, {"moving_average": 0}, "moving_average", 0),
+    (SessionConfig, {"seed": -1}, "seed", -1),
+    (SessionConfig, {"run_name": 5}, "run_name", 5),
+    (SessionConfig, {"train": {"lr": 1e-4}}, "train", {"lr": 1e-4}),
+]
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs", "name", "bad"),
+    BAD_VALUES,
+    ids=[f"{c.__name__}.{n}={b!r}" for c, _, n, b in BAD_VALUES],
+)
+def test_config_bad_value_raises_error_naming_field_and_value(
+    cls: type, kwargs: dict[str, Any], name: str, bad: Any
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        _build(cls, kwargs)
+
+    field = f"{cls.__name__}.{name}"
+    assert info.value.field == field
+    assert field in str(info.value)
+    assert repr(bad) in str(info.value)
+    assert info.value.allowed in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [
+        ModelConfig,
+        LaunchConfig,
+        InferenceConfig,
+        TrainConfig,
+        AlgorithmConfig,
+        RolloutConfig,
+        DataConfig,
+        ObserveConfig,
+        SessionConfig,
+    ],
+)
+def test_config_defaults_construct_without_error(cls: type) -> None:
+    assert isinstance(_build(cls, {}), cls)
+
+
+def test_train_config_negative_lr_raises_error_naming_field() -> None:
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(lr=-1.0)
+
+    assert info.value.field == "TrainConfig.lr"
+    assert info.value.allowed == "a finite float > 0"
+
+
+def test_literal_field_bad_choice_error_lists_choices() -> None:
+    with pytest.raises(ConfigError) as info:
+        RolloutConfig(stale_policy="ignore")  # type: ignore[arg-type]
+
+    assert "'raise'" in info.value.allowed
+    assert "'drop'" in info.value.allowed
+
+
+def test_float_field_int_value_is_stored_as_float() -> None:
+    cfg = TrainConfig(lr=1, max_grad_norm=2)
+
+    assert type(cfg.lr) is float
+    assert type(cfg.max_grad_norm) is float
+
+
+def test_tuple_field_list_value_is_stored_as_tuple() -> None:
+    cfg = TrainConfig(betas=[0.8, 0.95])  # type: ignore[arg-type]
+
+    assert cfg.betas == (0.8, 0.95)
+
+
+def test_optional_fields_none_is_accepted() -> None:
+    assert TrainConfig(max_grad_norm=None, target_reward=None).max_grad_norm is None
+    assert InferenceConfig(num_threads=None).num_threads is None
+    assert LaunchConfig(command_timeout_s=None).command_timeout_s is None
+
+
+def test_launch_config_heartbeat_timeout_error_names_both_fields() -> None:
+    with pytest.raises(ConfigError) as info:
+        LaunchConfig(heartbeat_interval_s=5.0, heartbeat_timeout_s=5.0)
+
+    assert "heartbeat_timeout_s" in str(info.value)
+    assert "heartbeat_interval_s" in str(info.value)
+
+
+def test_data_config_max_digits_below_min_error_names_both_fields() -> None:
+    with pytest.raises(ConfigError) as info:
+        DataConfig(min_digits=4, max_digits=3)
+
+    assert info.value.field == "DataConfig.max_digits"
+    assert "min_digits" in str(info.value)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.3.2.1", "::1", "localhost"])
+def test_launch_config_loopback_host_is_accepted(host: str) -> None:
+    assert LaunchConfig(host=host).host == host
+
+
+def test_launch_config_remote_host_with_allow_remote_is_accepted() -> None:
+    assert LaunchConfig(host="0.0.0.0", allow_remote=True).host == "0.0.0.0"
