@@ -1,0 +1,33 @@
+"""Authenticated loopback control channel between the controller (``ControllerChannel``) and the ranks
+(``RankChannel``): commands out; results, rank-tagged log records and heartbeats back.
+
+See ``rlsdk.control.protocol`` for the wire format and the environment contract.
+"""
+
+from rlsdk.control.controller import ControllerChannel
+from rlsdk.control.errors import (
+    AuthenticationError,
+    CommandTimeoutError,
+    ControlError,
+    ProtocolError,
+    RankError,
+    SessionMismatchError,
+)
+from rlsdk.control.protocol import new_session_id, new_session_secret, rank_environment
+from rlsdk.control.rank import SHUTDOWN, Command, RankChannel
+
+__all__ = [
+    "SHUTDOWN",
+    "AuthenticationError",
+    "Command",
+    "CommandTimeoutError",
+    "ControlError",
+    "ControllerChannel",
+    "ProtocolError",
+    "RankChannel",
+    "RankError",
+    "SessionMismatchError",
+    "new_session_id",
+    "new_session_secret",
+    "rank_environment",
+]
