@@ -1,0 +1,127 @@
+"""Per-token log-probabilities and entropies of completions under a causal LM.
+
+Shape names: ``B`` = sequences, ``T`` = time, ``V`` = vocabulary, ``P`` = prompt tokens (left-padded),
+``C`` = completion tokens (right-padded).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _check_temperature(temperature: float) -> None:
+    if not temperature > 0:
+        raise ValueError(f"temperature={temperature!r} is invalid: allowed > 0")
+
+
+def token_logprobs(logits_B_T_V: torch.Tensor, tokens_B_T: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``log_softmax(logits / temperature)`` gathered at ``tokens``.
+
+    Computed in float32 whatever the logits' dtype (bf16 log-softmax loses ~1e-2 nats).
+
+    Args:
+        logits_B_T_V: logits predicting ``tokens_B_T`` (already shifted: position t predicts token t).
+        tokens_B_T: int64 token ids.
+        temperature: > 0; the sampler's temperature, so that the result is the sampling distribution.
+
+    Returns:
+        ``logprobs_B_T``, float32, in nats.
+
+    Raises:
+        ValueError: shapes disagree (``logits_B_T_V.shape[:2] != tokens_B_T.shape``) or ``temperature <= 0``.
+    """
+    _check_temperature(temperature)
+    if logits_B_T_V.dim() != 3 or tokens_B_T.dim() != 2 or logits_B_T_V.shape[:2] != tokens_B_T.shape:
+        raise ValueError(
+            f"logits_B_T_V shape {tuple(logits_B_T_V.shape)} does not match tokens_B_T shape "
+            f"{tuple(tokens_B_T.shape)}: need [B, T, V] and [B, T]"
+        )
+    logprobs_B_T_V = torch.log_softmax(logits_B_T_V.float() / temperature, dim=-1)
+    return logprobs_B_T_V.gather(-1, tokens_B_T.long().unsqueeze(-1)).squeeze(-1)
+
+
+def token_entropy(logits_B_T_V: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy of ``softmax(logits / temperature)`` at every position, float32, in nats.
+
+    Raises:
+        ValueError: ``logits_B_T_V`` is not 3-D or ``temperature <= 0``.
+    """
+    _check_temperature(temperature)
+    if logits_B_T_V.dim() != 3:
+        raise ValueError(f"logits_B_T_V must be 3-D [B, T, V], got shape {tuple(logits_B_T_V.shape)}")
+    logprobs_B_T_V = torch.log_softmax(logits_B_T_V.float() / temperature, dim=-1)
+    return -(logprobs_B_T_V.exp() * logprobs_B_T_V).sum(dim=-1)
+
+
+def completion_logprobs(
+    model: torch.nn.Module,
+    prompt_ids_B_P: torch.Tensor,
+    prompt_mask_B_P: torch.Tensor,
+    completion_ids_B_C: torch.Tensor,
+    completion_mask_B_C: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities (and optionally entropies) of the completion tokens, in one forward pass.
+
+    The sequence is ``cat(prompt, completion)`` with ``attention_mask = cat(prompt_mask, completion_mask)``
+    and ``position_ids = (cumsum(attention_mask) - 1).clamp(min=0)``, the same positions the embedded sampler
+    uses, so the result equals the sampler's logprobs on the same weights. ``logits[:, P-1 : P-1+C]`` predict
+    the completion; only the last ``C + 1`` positions' logits are computed (``logits_to_keep``).
+
+    Runs under whatever grad mode the caller has; works for a bare transformers causal LM and for one wrapped
+    in DDP/FSDP (it only calls ``model(...)``). Positions where ``completion_mask_B_C`` is False hold garbage:
+    mask them downstream.
+
+    Args:
+        model: a causal LM whose forward takes ``input_ids``, ``attention_mask``, ``position_ids``,
+            ``use_cache`` and ``logits_to_keep`` and returns an object with ``.logits``.
+        prompt_ids_B_P: int64, left-padded prompts.
+        prompt_mask_B_P: bool/int, True for real prompt tokens.
+        completion_ids_B_C: int64, right-padded completions.
+        completion_mask_B_C: bool/int, True for generated tokens (EOS included).
+        temperature: > 0, the sampling temperature.
+        with_entropy: also return the entropy of the (temperature-scaled) distribution at each position.
+
+    Returns:
+        ``(logprobs_B_C, entropy_B_C or None)``, float32, in nats.
+
+    Raises:
+        ValueError: mismatched shapes (naming the tensors), ``P == 0`` or ``temperature <= 0``.
+    """
+    _check_temperature(temperature)
+    if prompt_ids_B_P.dim() != 2 or prompt_ids_B_P.shape != prompt_mask_B_P.shape:
+        raise ValueError(
+            f"prompt_ids_B_P shape {tuple(prompt_ids_B_P.shape)} and prompt_mask_B_P shape "
+            f"{tuple(prompt_mask_B_P.shape)} must be equal and 2-D"
+        )
+    if completion_ids_B_C.dim() != 2 or completion_ids_B_C.shape != completion_mask_B_C.shape:
+        raise ValueError(
+            f"completion_ids_B_C shape {tuple(completion_ids_B_C.shape)} and completion_mask_B_C shape "
+            f"{tuple(completion_mask_B_C.shape)} must be equal and 2-D"
+        )
+    if prompt_ids_B_P.shape[0] != completion_ids_B_C.shape[0]:
+        raise ValueError(
+            f"prompt_ids_B_P has {prompt_ids_B_P.shape[0]} rows, completion_ids_B_C has {completion_ids_B_C.shape[0]}"
+        )
+    prompt_len = prompt_ids_B_P.shape[1]
+    completion_len = completion_ids_B_C.shape[1]
+    if prompt_len == 0:
+        raise ValueError("prompt_ids_B_P has no columns: every sequence needs at least one prompt token")
+
+    input_ids_B_T = torch.cat([prompt_ids_B_P, completion_ids_B_C], dim=1).long()
+    attention_mask_B_T = torch.cat([prompt_mask_B_P.long(), completion_mask_B_C.long()], dim=1)
+    position_ids_B_T = (attention_mask_B_T.cumsum(dim=1) - 1).clamp(min=0)
+    output = model(
+        input_ids=input_ids_B_T,
+        attention_mask=attention_mask_B_T,
+        position_ids=position_ids_B_T,
+        use_cache=False,
+        logits_to_keep=completion_len + 1,
+    )
+    # The kept logits are positions P-1 .. P+C-1; the last one predicts past the completion.
+    logits_B_C_V = output.logits[:, -(completion_len + 1) : -1]
+    logprobs_B_C = token_logprobs(logits_B_C_V, completion_ids_B_C, temperature)
+    entropy_B_C = token_entropy(logits_B_C_V, temperature) if with_entropy else None
+    return logprobs_B_C, entropy_B_C

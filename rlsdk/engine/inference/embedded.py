@@ -1,0 +1,250 @@
+"""The embedded inference engine: a transformers model in this process, served from one worker thread.
+
+The default backend on CPU (no server to start). Generation and weight loads run on one dedicated thread, so
+they never overlap (a load waits for the generation in flight and vice versa) and the asyncio event loop stays
+free while they run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import torch
+
+from rlsdk.engine.inference.protocol import GenerateResult, SamplingParams, WeightInfo
+from rlsdk.engine.inference.sampling import sample_completions
+from rlsdk.engine.weights import state_dict_checksum
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def _resolve_token_id(value: int | list[int] | None) -> int | None:
+    if isinstance(value, (list, tuple)):
+        return int(value[0]) if value else None
+    return None if value is None else int(value)
+
+
+class EmbeddedEngine:
+    """An :class:`~rlsdk.engine.inference.protocol.InferenceEngine` over an in-process transformers model.
+
+    Build it with :meth:`from_pretrained`. All model work runs on one dedicated worker thread (a single-thread
+    executor): ``generate`` and ``load_weights`` are serialised in call order, and a generation never sees
+    weights change under it, so every token of one ``generate`` call carries the same version.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        pad_token_id: int,
+        eos_token_id: int,
+        max_batch_size: int = 1024,
+        version: int = 0,
+        num_threads: int | None = None,
+    ) -> None:
+        """Serve ``model`` (put in eval mode) as ``version``.
+
+        Raises:
+            ValueError: ``max_batch_size < 1`` or ``num_threads < 1``.
+        """
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size={max_batch_size!r} is invalid: allowed >= 1")
+        if num_threads is not None and num_threads < 1:
+            raise ValueError(f"num_threads={num_threads!r} is invalid: allowed >= 1 or None")
+        self._model = model.eval()
+        self._pad_token_id = int(pad_token_id)
+        self._eos_token_id = int(eos_token_id)
+        self._max_batch_size = max_batch_size
+        self._version = version
+        self._checksum = state_dict_checksum(self._model.state_dict())
+        self._generator = torch.Generator(device=next(self._model.parameters()).device)
+        self._generator.seed()
+        self._closed = False
+        self._executor = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix="rlsdk-embedded-engine",
+            initializer=self._init_worker_thread,
+            initargs=(num_threads,),
+        )
+
+    @staticmethod
+    def _init_worker_thread(num_threads: int | None) -> None:
+        # torch's intra-op thread count is process-global: setting it here also changes it for the caller's
+        # threads (e.g. a trainer in the same process). Only done when asked.
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        dtype: Dtype = "float32",
+        num_threads: int | None = None,
+        max_batch_size: int = 1024,
+        version: int = 0,
+    ) -> EmbeddedEngine:
+        """Load a causal LM saved with ``save_pretrained`` at ``path`` (CPU, eval mode).
+
+        The pad and eos ids come from the directory's ``generation_config.json``, else its tokenizer; a
+        missing pad id falls back to the eos id. ``num_threads`` (if given) is applied with
+        ``torch.set_num_threads`` on the engine's worker thread; torch's thread count is process-global, so it
+        affects the whole process.
+
+        Raises:
+            ValueError: unknown ``dtype``, or no eos id in the generation config or tokenizer.
+        """
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype={dtype!r} is invalid: allowed {sorted(_DTYPES)}")
+        path = Path(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
+        eos_token_id: int | None = None
+        pad_token_id: int | None = None
+        if (path / "generation_config.json").is_file():
+            generation_config = GenerationConfig.from_pretrained(path)
+            eos_token_id = _resolve_token_id(generation_config.eos_token_id)
+            pad_token_id = _resolve_token_id(generation_config.pad_token_id)
+        if eos_token_id is None or pad_token_id is None:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            eos_token_id = eos_token_id if eos_token_id is not None else tokenizer.eos_token_id
+            pad_token_id = pad_token_id if pad_token_id is not None else tokenizer.pad_token_id
+        if eos_token_id is None:
+            raise ValueError(f"no eos_token_id in {path}'s generation_config.json or tokenizer")
+        if pad_token_id is None:
+            pad_token_id = eos_token_id
+        logger.info("embedded engine serving %s (dtype %s) as version %d", path, dtype, version)
+        return cls(
+            model,
+            pad_token_id=pad_token_id,
+            eos_token_id=eos_token_id,
+            max_batch_size=max_batch_size,
+            version=version,
+            num_threads=num_threads,
+        )
+
+    @property
+    def pad_token_id(self) -> int:
+        """Id that pads completions past their end."""
+        return self._pad_token_id
+
+    @property
+    def eos_token_id(self) -> int:
+        """Id that ends a completion."""
+        return self._eos_token_id
+
+    @property
+    def version(self) -> int:
+        """Weight version served now (changes only when a ``load_weights`` completes)."""
+        return self._version
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The served model. Mutating it outside :meth:`load_weights` bypasses versioning."""
+        return self._model
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("EmbeddedEngine is closed")
+
+    async def _run(self, fn: Callable[..., _T], *args: Any) -> _T:
+        self._check_open()
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _generate_sync(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> GenerateResult:
+        if params.seed is not None:
+            generator = torch.Generator(device=self._generator.device).manual_seed(params.seed)
+        else:
+            generator = self._generator
+        chunks = []
+        for start in range(0, len(prompt_ids), self._max_batch_size):
+            chunks.append(
+                sample_completions(
+                    self._model,
+                    prompt_ids[start : start + self._max_batch_size],
+                    params,
+                    pad_token_id=self._pad_token_id,
+                    eos_token_id=self._eos_token_id,
+                    generator=generator,
+                )
+            )
+        width = max(ids_B_C.shape[1] for ids_B_C, _, _ in chunks)
+
+        def pad_right(tensor: torch.Tensor, value: float | int | bool) -> torch.Tensor:
+            return torch.nn.functional.pad(tensor, (0, width - tensor.shape[1]), value=value)
+
+        ids_B_C = torch.cat([pad_right(ids, self._pad_token_id) for ids, _, _ in chunks])
+        mask_B_C = torch.cat([pad_right(mask, False) for _, mask, _ in chunks])
+        logprobs_B_C = torch.cat([pad_right(lp, 0.0) for _, _, lp in chunks])
+        versions_B_C = torch.where(
+            mask_B_C, torch.tensor(self._version, dtype=torch.long), torch.tensor(-1, dtype=torch.long)
+        )
+        return GenerateResult(
+            completion_ids_B_C=ids_B_C.cpu(),
+            completion_mask_B_C=mask_B_C.cpu(),
+            logprobs_B_C=logprobs_B_C.float().cpu(),
+            versions_B_C=versions_B_C.cpu(),
+        )
+
+    async def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> GenerateResult:
+        """Sample one completion per prompt (see :func:`~rlsdk.engine.inference.sampling.sample_completions`).
+
+        Prompts are processed in chunks of ``max_batch_size``; the result is right-padded to the longest
+        completion ``C`` of all chunks. With ``params.seed`` set, the call is reproducible for the same
+        prompts, parameters, weights and ``max_batch_size``; without it, draws come from the engine's own
+        generator. ``versions_B_C`` is the served version where the mask is True, else -1.
+
+        Raises:
+            ValueError: empty prompt list or prompt, or invalid sampling parameters.
+            RuntimeError: the engine is closed.
+        """
+        return await self._run(self._generate_sync, list(prompt_ids), params)
+
+    def _load_weights_sync(self, path: str, version: int) -> WeightInfo:
+        from safetensors.torch import load_model
+
+        load_model(self._model, path, strict=True)
+        self._checksum = state_dict_checksum(self._model.state_dict())
+        self._version = version
+        logger.info("embedded engine loaded %s as version %d (checksum %s)", path, version, self._checksum[:12])
+        return WeightInfo(version=self._version, checksum=self._checksum)
+
+    async def load_weights(self, path: str, version: int) -> WeightInfo:
+        """Load weights saved by ``safetensors.torch.save_model(model, path)``; serve them as ``version``.
+
+        Runs on the worker thread after any generation already submitted, so it never changes weights under a
+        running generation. The returned checksum is ``state_dict_checksum`` of the loaded weights.
+
+        Raises:
+            FileNotFoundError: ``path`` does not exist.
+            RuntimeError: missing or unexpected tensors (strict load), or the engine is closed.
+        """
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"no weights file at {path}")
+        return await self._run(self._load_weights_sync, str(path), version)
+
+    async def weight_info(self) -> WeightInfo:
+        """The version and checksum served now (after any pending load submitted before this call)."""
+        return await self._run(lambda: WeightInfo(version=self._version, checksum=self._checksum))
+
+    async def close(self) -> None:
+        """Wait for submitted work, then stop the worker thread. Idempotent; other calls then raise."""
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)

@@ -1,0 +1,111 @@
+"""token_logprobs / token_entropy against direct formulas; completion_logprobs against per-sequence forwards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlsdk.algorithms import completion_logprobs, token_entropy, token_logprobs
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    from rlsdk.data import build_tiny_policy
+
+    path: Path = build_tiny_policy(tmp_path_factory.mktemp("logprobs") / "model", seed=3)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def test_token_logprobs_temperature_matches_log_softmax_gather() -> None:
+    generator = torch.Generator().manual_seed(0)
+    logits_B_T_V = torch.randn(2, 3, 7, generator=generator)
+    tokens_B_T = torch.randint(0, 7, (2, 3), generator=generator)
+
+    logprobs_B_T = token_logprobs(logits_B_T_V, tokens_B_T, temperature=0.7)
+
+    expected = torch.empty(2, 3)
+    for b in range(2):
+        for t in range(3):
+            expected[b, t] = torch.log_softmax(logits_B_T_V[b, t] / 0.7, dim=-1)[tokens_B_T[b, t]]
+    torch.testing.assert_close(logprobs_B_T, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_token_entropy_uniform_logits_gives_log_vocab() -> None:
+    entropy_B_T = token_entropy(torch.zeros(2, 4, 16))
+
+    torch.testing.assert_close(
+        entropy_B_T, torch.full((2, 4), float(torch.log(torch.tensor(16.0)))), rtol=1e-6, atol=1e-6
+    )
+
+
+def test_token_logprobs_shape_mismatch_raises_naming_tensors() -> None:
+    with pytest.raises(ValueError, match=r"logits_B_T_V shape \(2, 3, 5\) does not match tokens_B_T shape \(2, 4\)"):
+        token_logprobs(torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long))
+
+
+def test_token_logprobs_zero_temperature_raises_value_error() -> None:
+    with pytest.raises(ValueError, match="temperature=0"):
+        token_logprobs(torch.zeros(1, 1, 5), torch.zeros(1, 1, dtype=torch.long), temperature=0)
+
+
+def test_completion_logprobs_padded_batch_matches_unpadded_per_sequence_forward(tiny_model: torch.nn.Module) -> None:
+    # Two prompts of different lengths (left-padded) and completions of different lengths (right-padded).
+    prompts = [[5, 6, 7, 14], [9, 14]]
+    completions = [[8, 4, 1], [6, 1]]
+    prompt_ids_B_P = torch.tensor([[5, 6, 7, 14], [0, 0, 9, 14]])
+    prompt_mask_B_P = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]], dtype=torch.bool)
+    completion_ids_B_C = torch.tensor([[8, 4, 1], [6, 1, 0]])
+    completion_mask_B_C = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+
+    with torch.no_grad():
+        logprobs_B_C, entropy_B_C = completion_logprobs(
+            tiny_model,
+            prompt_ids_B_P,
+            prompt_mask_B_P,
+            completion_ids_B_C,
+            completion_mask_B_C,
+            temperature=0.9,
+            with_entropy=True,
+        )
+        for row, (prompt, completion) in enumerate(zip(prompts, completions)):
+            sequence = torch.tensor([prompt + completion])
+            logits_T_V = tiny_model(input_ids=sequence).logits[0, len(prompt) - 1 : -1] / 0.9
+            expected = torch.log_softmax(logits_T_V, dim=-1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+            torch.testing.assert_close(logprobs_B_C[row, : len(completion)], expected, rtol=1e-5, atol=1e-5)
+            expected_entropy = -(logits_T_V.softmax(-1) * logits_T_V.log_softmax(-1)).sum(-1)
+            torch.testing.assert_close(entropy_B_C[row, : len(completion)], expected_entropy, rtol=1e-5, atol=1e-5)
+
+
+def test_completion_logprobs_with_grad_backpropagates_to_parameters(tiny_model: torch.nn.Module) -> None:
+    prompt_ids_B_P = torch.tensor([[5, 6, 14]])
+    completion_ids_B_C = torch.tensor([[6, 5, 1]])
+
+    logprobs_B_C, entropy_B_C = completion_logprobs(
+        tiny_model,
+        prompt_ids_B_P,
+        torch.ones_like(prompt_ids_B_P),
+        completion_ids_B_C,
+        torch.ones_like(completion_ids_B_C),
+    )
+    logprobs_B_C.sum().backward()
+
+    assert entropy_B_C is None
+    assert logprobs_B_C.shape == (1, 3)
+    grads = [p.grad for p in tiny_model.parameters() if p.grad is not None]
+    assert grads and any(g.abs().sum() > 0 for g in grads)
+    tiny_model.zero_grad(set_to_none=True)
+
+
+def test_completion_logprobs_mismatched_completion_mask_raises_naming_tensors(tiny_model: torch.nn.Module) -> None:
+    with pytest.raises(ValueError, match=r"completion_ids_B_C shape .* completion_mask_B_C shape"):
+        completion_logprobs(
+            tiny_model,
+            torch.ones(2, 3, dtype=torch.long),
+            torch.ones(2, 3, dtype=torch.bool),
+            torch.ones(2, 4, dtype=torch.long),
+            torch.ones(2, 3, dtype=torch.bool),
+        )
