@@ -1,0 +1,1 @@
+"""The train engine (runs inside the ranks) and the canonical checkpoint layout."""

@@ -1,0 +1,200 @@
+"""TrainEngine: one rank's model and optimizer, prepared by accelerate (DDP on gloo for CPU ranks).
+
+Runs inside ``rlsdk.worker``. Every method is called on every rank in the same order (SPMD); the only
+collectives are the ones DDP issues for gradients, so no collective depends on rank or data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlsdk.algorithms import completion_logprobs, grpo_loss
+from rlsdk.config import SessionConfig
+from rlsdk.engine.weights import state_dict_checksum
+from rlsdk.observe.logging import get_logger, set_log_context
+
+logger = get_logger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Order of the per-step metric sums packed into one tensor (one host sync per step).
+_SUM_KEYS = ("loss_sum", "clipped_tokens", "ratio_sum", "kl_sum", "entropy_sum", "tokens")
+
+
+class TrainEngine:
+    """Model + AdamW on one rank; ``update`` takes this rank's shard of a batch and publishes version + 1."""
+
+    def __init__(self, config: SessionConfig, accelerator: Any) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.config = config
+        self.accelerator = accelerator
+        self.version = 0
+        torch.manual_seed(config.seed)
+        model = AutoModelForCausalLM.from_pretrained(
+            config.model.path,
+            dtype=_DTYPES[config.model.dtype],
+            trust_remote_code=config.model.trust_remote_code,
+        )
+        train = config.train
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay
+        )
+        self.model, self.optimizer = accelerator.prepare(model, optimizer)
+        self.ref_model: torch.nn.Module | None = None
+        if config.algorithm.kl_coef > 0:
+            self.ref_model = AutoModelForCausalLM.from_pretrained(
+                config.model.path, dtype=_DTYPES[config.model.dtype]
+            ).eval()
+            self.ref_model.requires_grad_(False)
+        logger.info(
+            "train engine ready: %s, %d parameters, distributed type %s",
+            Path(config.model.path).name,
+            sum(p.numel() for p in model.parameters()),
+            accelerator.distributed_type,
+        )
+
+    @property
+    def unwrapped(self) -> torch.nn.Module:
+        return self.accelerator.unwrap_model(self.model)
+
+    def update(self, shard: dict[str, torch.Tensor], num_tokens_global: int) -> dict[str, Any]:
+        """One optimizer step on this rank's shard; returns metric SUMS over this shard (controller reduces).
+
+        Publishes version + 1. See :meth:`accumulate_gradients` for the shard layout and normalisation.
+        """
+        start = time.perf_counter()
+        sums = self.accumulate_gradients(shard, num_tokens_global)
+        grad_norm = torch.tensor(float("nan"))
+        if self.config.train.max_grad_norm is not None:
+            grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.train.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        set_log_context(version=self.version)
+        values = torch.cat([sums, torch.as_tensor(grad_norm, dtype=torch.float64).reshape(1)]).tolist()
+        result: dict[str, Any] = dict(zip((*_SUM_KEYS, "grad_norm"), values))
+        result.update(
+            version=self.version,
+            seconds=time.perf_counter() - start,
+            sequences=shard["completion_ids_B_C"].shape[0],
+        )
+        return result
+
+    def accumulate_gradients(self, shard: dict[str, torch.Tensor], num_tokens_global: int) -> torch.Tensor:
+        """Forward/backward over this rank's shard in micro-batches; gradients are left on the parameters.
+
+        ``shard`` holds ``prompt_ids_B_P``, ``prompt_mask_B_P``, ``completion_ids_B_C``, ``completion_mask_B_C``,
+        ``logprobs_B_C`` (behaviour) and ``advantages_B``. Every rank gets the same number of sequences, so every
+        rank runs the same number of forward/backward passes and DDP's all-reduces match; only the last
+        micro-batch synchronises gradients. ``num_tokens_global`` is the completion-token count of the whole
+        batch across ranks; each rank divides by ``num_tokens_global / world_size`` because DDP averages
+        gradients, so the result is the gradient of the global token-mean loss. Returns the metric sums
+        (``_SUM_KEYS`` order) as one float64 tensor, still on the device.
+        """
+        cfg = self.config
+        expected = {"prompt_ids_B_P", "prompt_mask_B_P", "completion_ids_B_C", "completion_mask_B_C",
+                    "logprobs_B_C", "advantages_B"}  # fmt: skip
+        if set(shard) != expected:
+            raise ValueError(f"update shard has keys {sorted(shard)}, expected {sorted(expected)}")
+        batch_size = shard["completion_ids_B_C"].shape[0]
+        if batch_size == 0:
+            raise ValueError("update shard is empty: every rank needs at least one sequence")
+        micro = cfg.train.micro_batch_size
+        denom = num_tokens_global / self.accelerator.num_processes
+        self.model.train()
+        sums = torch.zeros(len(_SUM_KEYS), dtype=torch.float64)
+        starts = list(range(0, batch_size, micro))
+        for index, lo in enumerate(starts):
+            mb = {name: tensor[lo : lo + micro] for name, tensor in shard.items()}
+            last = index == len(starts) - 1
+            sync_ctx = contextlib.nullcontext() if last else self.accelerator.no_sync(self.model)
+            with sync_ctx:
+                logprobs_B_C, entropy_B_C = completion_logprobs(
+                    self.model,
+                    mb["prompt_ids_B_P"],
+                    mb["prompt_mask_B_P"],
+                    mb["completion_ids_B_C"],
+                    mb["completion_mask_B_C"],
+                    temperature=cfg.rollout.temperature,
+                    with_entropy=True,
+                )
+                ref_logprobs_B_C = None
+                if self.ref_model is not None:
+                    with torch.no_grad():
+                        ref_logprobs_B_C, _ = completion_logprobs(
+                            self.ref_model,
+                            mb["prompt_ids_B_P"],
+                            mb["prompt_mask_B_P"],
+                            mb["completion_ids_B_C"],
+                            mb["completion_mask_B_C"],
+                            temperature=cfg.rollout.temperature,
+                        )
+                loss, metrics = grpo_loss(
+                    logprobs_B_C,
+                    mb["logprobs_B_C"],
+                    mb["advantages_B"],
+                    mb["completion_mask_B_C"],
+                    clip_eps_low=cfg.algorithm.clip_eps_low,
+                    clip_eps_high=cfg.algorithm.clip_eps_high,
+                    kl_coef=cfg.algorithm.kl_coef,
+                    ref_logprobs_B_C=ref_logprobs_B_C,
+                    num_tokens=denom,
+                )
+                self.accelerator.backward(loss)
+            mask_B_C = mb["completion_mask_B_C"]
+            entropy_sum = (entropy_B_C.detach() * mask_B_C).sum() if entropy_B_C is not None else torch.zeros(())
+            sums += torch.stack(
+                [
+                    metrics["loss_sum"].detach().double(),
+                    metrics["clipped_tokens"].detach().double(),
+                    metrics["ratio_sum"].detach().double(),
+                    metrics["kl_sum"].detach().double(),
+                    entropy_sum.double(),
+                    metrics["tokens"].detach().double(),
+                ]
+            )
+        return sums
+
+    def weight_info(self) -> dict[str, Any]:
+        return {"version": self.version, "checksum": state_dict_checksum(self.unwrapped.state_dict())}
+
+    def export_weights(self, publish_dir: str) -> dict[str, Any]:
+        """Write the current weights to ``publish_dir/v{version}.safetensors`` (atomic rename) with a checksum."""
+        from safetensors.torch import save_model
+
+        os.makedirs(publish_dir, exist_ok=True)
+        path = os.path.join(publish_dir, f"v{self.version}.safetensors")
+        tmp = f"{path}.tmp-{os.getpid()}"
+        model = self.unwrapped
+        save_model(model, tmp)
+        os.replace(tmp, path)
+        for old in Path(publish_dir).glob("v*.safetensors"):
+            if old.name != Path(path).name:
+                with contextlib.suppress(FileNotFoundError):
+                    old.unlink()
+        return {"version": self.version, "path": path, "checksum": state_dict_checksum(model.state_dict())}
+
+    def save_checkpoint(self, directory: str, *, is_writer: bool) -> list[str]:
+        """Write this rank's part of a checkpoint into ``directory`` (a temporary directory the controller
+        renames once every rank is done). The writer rank writes the model (``save_pretrained``) and the
+        optimizer; every rank writes its RNG states. Returns the files written, relative to ``directory``."""
+        from rlsdk.engine.train.checkpoint import rng_state
+
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        rank = self.accelerator.process_index
+        written = [f"rng_rank{rank}.pt"]
+        torch.save(rng_state(), out / written[0])
+        if is_writer:
+            self.unwrapped.save_pretrained(out / "model", safe_serialization=True)
+            torch.save({"optimizer": self.optimizer.state_dict(), "version": self.version}, out / "trainer_state.pt")
+            written += [str(p.relative_to(out)) for p in (out / "model").rglob("*") if p.is_file()]
+            written.append("trainer_state.pt")
+        return written

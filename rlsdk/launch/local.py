@@ -1,0 +1,183 @@
+"""Start and supervise the train ranks on this machine with ``accelerate launch``.
+
+The launcher runs as a background process in its own session (so a Ctrl-C in the notebook does not reach it)
+with ``PR_SET_PDEATHSIG`` set (so it dies with the controller). Each rank also sets it and exits when the
+controller's heartbeat stops; nothing outlives the Session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from rlsdk.observe.logging import get_logger
+
+logger = get_logger(__name__)
+
+
+class RankProcessError(RuntimeError):
+    """The rank processes exited while the Session expected them to run."""
+
+    def __init__(self, returncode: int | None, last_lines: Iterable[str]) -> None:
+        self.returncode = returncode
+        self.last_lines = list(last_lines)
+        if returncode is not None and returncode < 0:
+            how = f"killed by signal {signal.Signals(-returncode).name}"
+        else:
+            how = f"exit code {returncode}"
+        tail = "\n".join(self.last_lines[-20:]) or "(no output)"
+        super().__init__(f"train ranks (accelerate launch) exited: {how}. Last output lines:\n{tail}")
+
+
+def accelerate_command(num_ranks: int, module: str = "rlsdk.worker") -> list[str]:
+    """The ``accelerate launch`` command line for ``num_ranks`` CPU ranks on this machine.
+
+    ``--cpu`` would start one process (multi-process CPU needs MPI there); ``--multi_gpu`` with
+    ``Accelerator(cpu=True)`` in the rank gives N gloo ranks. Port 0 lets the store pick a free port.
+    """
+    return [
+        sys.executable, "-m", "rlsdk.launch.pdeathsig",
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes", str(num_ranks),
+        "--num_machines", "1",
+        "--mixed_precision", "no",
+        "--dynamo_backend", "no",
+        "--main_process_port", "0",
+        "-m", module,
+    ]  # fmt: skip
+
+
+class LocalLauncher:
+    """One ``accelerate launch`` process group running ``num_ranks`` ranks of ``rlsdk.worker``."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, on_line: Callable[[str], None] | None) -> None:
+        self.proc = proc
+        self.last_lines: deque[str] = deque(maxlen=200)
+        self._on_line = on_line
+        self._reader = asyncio.get_running_loop().create_task(self._read_output())
+        self.rank_pids: list[int] = []
+
+    @classmethod
+    async def start(
+        cls,
+        num_ranks: int,
+        env: Mapping[str, str],
+        *,
+        on_line: Callable[[str], None] | None = None,
+        module: str = "rlsdk.worker",
+    ) -> LocalLauncher:
+        """Start the ranks in the background; returns at once (ranks then connect to the control channel)."""
+        cmd = accelerate_command(num_ranks, module)
+        logger.debug("launching: %s", " ".join(cmd))
+        proc = await asyncio.create_subprocess_exec(
+            *cmd,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+            env=dict(env),
+        )
+        logger.info("started %d train ranks (launcher pid %d)", num_ranks, proc.pid)
+        return cls(proc, on_line)
+
+    async def _read_output(self) -> None:
+        assert self.proc.stdout is not None
+        while True:
+            raw = await self.proc.stdout.readline()
+            if not raw:
+                return
+            line = raw.decode(errors="replace").rstrip()
+            self.last_lines.append(line)
+            if self._on_line is not None:
+                self._on_line(line)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    async def wait(self) -> int:
+        """Wait for the launcher to exit (output drained); returns its exit code."""
+        code = await self.proc.wait()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(self._reader), timeout=2.0)
+        return code
+
+    def error(self) -> RankProcessError:
+        return RankProcessError(self.proc.returncode, self.last_lines)
+
+    async def stop(self, grace_s: float = 10.0) -> int | None:
+        """SIGTERM the launcher's process group (torchrun then stops its ranks), SIGKILL after ``grace_s``.
+
+        Ranks run in their own sessions (torchrun starts them so), so any rank pid still alive afterwards is
+        killed directly. Idempotent.
+        """
+        if self.proc.returncode is None:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout=grace_s)
+            except TimeoutError:
+                logger.warning("launcher did not stop within %.0f s; killing it", grace_s)
+                _signal_group(self.proc.pid, signal.SIGKILL)
+                await self.proc.wait()
+        await _reap_ranks(self.rank_pids, grace_s=min(grace_s, 5.0))
+        if not self._reader.done():
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+        return self.proc.returncode
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(os.getpgid(pid), sig)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        import psutil
+
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except Exception:
+        return False
+
+
+async def _reap_ranks(pids: list[int], grace_s: float) -> None:
+    alive = [pid for pid in pids if _alive(pid)]
+    if not alive:
+        return
+    for pid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_s
+    while alive and loop.time() < deadline:
+        await asyncio.sleep(0.1)
+        alive = [pid for pid in alive if _alive(pid)]
+    for pid in alive:
+        logger.warning("rank process %d ignored SIGTERM; killing it", pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def rank_environment(base: Mapping[str, str], extra: Mapping[str, Any]) -> dict[str, str]:
+    """The environment for the ranks: the controller's, plus rlsdk's variables, minus inherited rank state."""
+    env = {k: v for k, v in base.items() if k not in _INHERITED_RANK_VARS}
+    env.update({k: str(v) for k, v in extra.items()})
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+# A controller started inside another distributed job must not leak its rank identity into ours.
+_INHERITED_RANK_VARS = frozenset(
+    {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK"}
+)

@@ -1,0 +1,189 @@
+"""The project logger: every record carries component, rank, world size and weight version.
+
+Library code calls ``get_logger(__name__)``; nothing prints. In a rank, :func:`install_rank_logging` adds a
+handler that ships records to the controller; in the controller, :class:`RankLogRouter` shows records from all
+ranks on one stream and writes them per rank under ``OUTPUT/logs/``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT_LOGGER = "rlsdk"
+
+_context_lock = threading.Lock()
+_context: dict[str, Any] = {"rank": None, "world_size": None, "version": None, "role": "controller"}
+
+
+def get_logger(name: str) -> logging.Logger:
+    """The project logger for module ``name`` (``rlsdk.x.y``); component = the part after ``rlsdk.``."""
+    if not name.startswith(ROOT_LOGGER):
+        name = f"{ROOT_LOGGER}.{name}"
+    return logging.getLogger(name)
+
+
+def set_log_context(**fields: Any) -> None:
+    """Set process-wide fields stamped on every record (``rank``, ``world_size``, ``version``, ``role``)."""
+    with _context_lock:
+        _context.update(fields)
+
+
+def log_context() -> dict[str, Any]:
+    with _context_lock:
+        return dict(_context)
+
+
+def _component(logger_name: str) -> str:
+    parts = logger_name.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == ROOT_LOGGER else logger_name
+
+
+class ContextFilter(logging.Filter):
+    """Stamps ``component``, ``rank``, ``world_size``, ``version`` and ``role`` on records that lack them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ctx = log_context()
+        if not hasattr(record, "component"):
+            record.component = _component(record.name)
+        for key, value in ctx.items():
+            if not hasattr(record, key):
+                setattr(record, key, value)
+        return True
+
+
+def format_tag(record: dict[str, Any]) -> str:
+    """``[rank 0/2 train v3]`` for a rank, ``[controller session v3]`` for the controller."""
+    version = record.get("version")
+    vtag = f" v{version}" if version is not None else ""
+    rank = record.get("rank")
+    if rank is None:
+        return f"[{record.get('role', 'controller')} {record.get('component', '?')}{vtag}]"
+    return f"[rank {rank}/{record.get('world_size', '?')} {record.get('component', '?')}{vtag}]"
+
+
+def record_to_dict(record: logging.LogRecord) -> dict[str, Any]:
+    """A picklable, self-describing form of a record, for shipping across processes."""
+    message = record.getMessage()
+    if record.exc_info and record.exc_info[0] is not None:
+        message = f"{message}\n{logging.Formatter().formatException(record.exc_info)}"
+    return {
+        "time": record.created,
+        "level": record.levelname,
+        "levelno": record.levelno,
+        "logger": record.name,
+        "component": getattr(record, "component", _component(record.name)),
+        "rank": getattr(record, "rank", None),
+        "world_size": getattr(record, "world_size", None),
+        "version": getattr(record, "version", None),
+        "role": getattr(record, "role", None),
+        "message": message,
+    }
+
+
+def format_record_dict(record: dict[str, Any]) -> str:
+    import time
+
+    stamp = time.strftime("%H:%M:%S", time.localtime(record["time"]))
+    return f"{stamp} {record['level']:<7} {format_tag(record)} {record['message']}"
+
+
+class ShippingHandler(logging.Handler):
+    """Hands each record (as a dict) to ``send``; used by ranks to ship records to the controller."""
+
+    def __init__(self, send: Callable[[dict[str, Any]], None], level: int = logging.NOTSET) -> None:
+        super().__init__(level)
+        self._send = send
+        self.addFilter(ContextFilter())
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._send(record_to_dict(record))
+        except Exception:  # a broken channel must never break training
+            self.handleError(record)
+
+
+def install_rank_logging(
+    send: Callable[[dict[str, Any]], None], *, rank: int, world_size: int, level: int
+) -> ShippingHandler:
+    """Route the project logger of a rank to the controller (and nowhere else)."""
+    set_log_context(rank=rank, world_size=world_size, role="train")
+    root = logging.getLogger(ROOT_LOGGER)
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    handler = ShippingHandler(send)
+    root.addHandler(handler)
+    root.setLevel(level)
+    root.propagate = False
+    return handler
+
+
+class RankLogRouter:
+    """Controller side: shows every record on one stream and writes one file per rank/role.
+
+    Files: ``OUTPUT/logs/controller.log``, ``rank_N.log``, ``launcher.log``, ... Records from ranks arrive
+    through :meth:`handle` (called by the control channel); the controller's own records through the
+    :class:`logging.Handler` returned by :meth:`controller_handler`.
+    """
+
+    def __init__(self, log_dir: Path, *, console: bool, level: int, stream: Any = None) -> None:
+        self.log_dir = log_dir
+        self.level = level
+        self.console = console
+        self._stream = stream if stream is not None else sys.stderr
+        self._files: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        log_dir.mkdir(parents=True, exist_ok=True)
+
+    def add_listener(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Also hand every record to ``listener`` (e.g. a notebook widget)."""
+        self._listeners.append(listener)
+
+    def _file_for(self, record: dict[str, Any]) -> Any:
+        rank = record.get("rank")
+        key = f"rank_{rank}" if rank is not None else str(record.get("role") or "controller")
+        handle = self._files.get(key)
+        if handle is None:
+            handle = open(os.path.join(self.log_dir, f"{key}.log"), "a", encoding="utf-8")  # noqa: SIM115
+            self._files[key] = handle
+        return handle
+
+    def handle(self, record: dict[str, Any]) -> None:
+        if record.get("levelno", logging.INFO) < self.level:
+            return
+        line = format_record_dict(record)
+        with self._lock:
+            handle = self._file_for(record)
+            handle.write(line + "\n")
+            handle.flush()
+            if self.console:
+                self._stream.write(line + "\n")
+                self._stream.flush()
+        for listener in self._listeners:
+            listener(record)
+
+    def controller_handler(self) -> logging.Handler:
+        router = self
+
+        class _Handler(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                try:
+                    router.handle(record_to_dict(record))
+                except Exception:
+                    self.handleError(record)
+
+        handler = _Handler(self.level)
+        handler.addFilter(ContextFilter())
+        return handler
+
+    def close(self) -> None:
+        with self._lock:
+            for handle in self._files.values():
+                handle.close()
+            self._files.clear()

@@ -1,0 +1,40 @@
+"""Step metrics to TensorBoard (``OUTPUT/tensorboard``) and a bounded in-memory history."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+class MetricsWriter:
+    """Writes scalar metrics per step. ``tensorboard=False`` keeps only the in-memory history."""
+
+    def __init__(self, log_dir: Path, *, tensorboard: bool, history: int = 100_000) -> None:
+        self.log_dir = log_dir
+        self._writer: Any = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            log_dir.mkdir(parents=True, exist_ok=True)
+            self._writer = SummaryWriter(log_dir=str(log_dir))
+        self.history: deque[tuple[int, dict[str, float]]] = deque(maxlen=history)
+
+    def log(self, step: int, metrics: Mapping[str, float | int]) -> None:
+        """Record finite scalar ``metrics`` for ``step`` (names like ``reward/mean``, ``train/loss``)."""
+        clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
+        self.history.append((step, clean))
+        if self._writer is not None:
+            for name, value in clean.items():
+                self._writer.add_scalar(name, value, step)
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None

@@ -1,0 +1,484 @@
+"""Session: the one object a researcher holds. It composes launch, control, the inference engine, the workflow,
+rewards, versioning and observability, and exposes the RL step as four awaitable calls::
+
+    session = await Session.start(config)          # ranks + engine up, both at v0 (checked by checksum)
+    rollout = await session.rollout()               # samples carry behaviour version v0
+    rollout = await session.reward(rollout, fn)     # rewards on the rollout
+    stats   = await session.update(rollout)         # ranks train; the trainer publishes v1
+    await session.sync_weights()                    # engine serves v1, verified by version and checksum
+    await session.close()                           # nothing of the run is left alive
+
+The same calls work from Jupyter (top-level ``await``) and from a script (``asyncio.run``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rlsdk.config import ConfigError, SessionConfig, config_to_dict
+from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams, WeightInfo
+from rlsdk.observe.logging import ROOT_LOGGER, RankLogRouter, get_logger, set_log_context
+from rlsdk.observe.metrics import MetricsWriter
+from rlsdk.rewards.apply import RewardFn, compute_rewards
+from rlsdk.versioning import VersionError, VersionLedger, WeightMismatchError, staleness_mask
+from rlsdk.workflow.rollout import Rollout, normalize_rows
+from rlsdk.workflow.single_turn import RolloutWorkflow, SingleTurnWorkflow
+
+logger = get_logger("rlsdk.session")
+
+
+class SessionClosedError(RuntimeError):
+    """The Session was closed (or failed to start); start a new one."""
+
+
+def check_model_dir(path: str) -> None:
+    """Fail before any process starts when ``model.path`` is not a local transformers model directory."""
+    model_dir = Path(path)
+    if not model_dir.is_dir():
+        raise ConfigError("model.path", path, "an existing local directory holding a transformers causal LM")
+    if not (model_dir / "config.json").is_file():
+        raise ConfigError(
+            "model.path",
+            path,
+            "a directory with config.json (a transformers model saved with save_pretrained)",
+        )
+
+
+class Session:
+    """A live RL session: background train ranks, an inference engine, and the version ledger.
+
+    Create with ``await Session.start(config)``; close with ``await session.close()`` or ``async with``.
+    """
+
+    def __init__(self, config: SessionConfig) -> None:
+        self.config = config
+        self.output_dir = Path(config.observe.output_dir)
+        self.versions = VersionLedger()
+        self.step = 0
+        self.rank_info: dict[int, dict[str, Any]] = {}
+        self.engine: InferenceEngine | None = None
+        self.tokenizer: Any = None
+        self.workflow: RolloutWorkflow | None = None
+        self.prompt_sampler: Any = None
+        self.metrics: MetricsWriter | None = None
+        self._channel: Any = None
+        self._launcher: Any = None
+        self._router: RankLogRouter | None = None
+        self._log_handler: logging.Handler | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._publish_dir: str | None = None
+        self._rollouts = 0
+        self._closing = False
+        self._closed = False
+        self._failure: BaseException | None = None
+
+    # ------------------------------------------------------------------ start / close
+    @classmethod
+    async def start(cls, config: SessionConfig) -> Session:
+        """Start the train ranks and the inference engine; return when both serve weight version 0.
+
+        Raises ``ConfigError`` for a bad model path (before any process starts), ``TimeoutError`` when ranks do
+        not connect within ``launch.start_timeout_s``, ``RankProcessError`` when they exit during start-up (with
+        their last output lines), ``RankError`` when a rank raises, ``WeightMismatchError`` when the engine's
+        initial weights differ from the trainer's.
+        """
+        if not isinstance(config, SessionConfig):
+            raise TypeError(f"Session.start needs a SessionConfig, got {type(config).__name__}")
+        check_model_dir(config.model.path)
+        session = cls(config)
+        try:
+            await session._start()
+        except BaseException:
+            await session.close()
+            raise
+        return session
+
+    async def _start(self) -> None:
+        from rlsdk.control.controller import ControllerChannel
+        from rlsdk.control.protocol import new_session_secret
+        from rlsdk.launch.local import LocalLauncher, rank_environment
+
+        cfg = self.config
+        t0 = time.perf_counter()
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        level = logging.getLevelName(cfg.observe.log_level)
+        self._router = RankLogRouter(self.output_dir / "logs", console=cfg.observe.console, level=level)
+        self._log_handler = self._router.controller_handler()
+        root = logging.getLogger(ROOT_LOGGER)
+        root.addHandler(self._log_handler)
+        root.setLevel(level)
+        set_log_context(rank=None, world_size=cfg.launch.num_ranks, version=0, role="controller")
+
+        secret = new_session_secret()
+        session_id = uuid.uuid4().hex[:12]
+        self._channel = ControllerChannel(
+            secret,
+            session_id,
+            host=cfg.launch.host,
+            heartbeat_interval_s=cfg.launch.heartbeat_interval_s,
+            on_log=self._router.handle,
+        )
+        await self._channel.start()
+        env = rank_environment(
+            os.environ,
+            {
+                "RLSDK_CONTROL_ADDR": self._channel.address,
+                "RLSDK_SESSION_SECRET": secret.hex(),
+                "RLSDK_SESSION_ID": session_id,
+                "RLSDK_HEARTBEAT_INTERVAL_S": cfg.launch.heartbeat_interval_s,
+                "RLSDK_HEARTBEAT_TIMEOUT_S": cfg.launch.heartbeat_timeout_s,
+                "RLSDK_THREADS_PER_RANK": cfg.launch.threads_per_rank,
+                "RLSDK_LOG_LEVEL": level,
+                "OMP_NUM_THREADS": cfg.launch.threads_per_rank,
+            },
+        )
+        self._launcher = await LocalLauncher.start(cfg.launch.num_ranks, env, on_line=self._launcher_line)
+        self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
+
+        # The engine loads while the ranks import torch and form their process group.
+        engine_task = asyncio.get_running_loop().create_task(self._start_engine())
+        try:
+            self.rank_info = await self._channel.wait_for_ranks(cfg.launch.num_ranks, cfg.launch.start_timeout_s)
+            self._launcher.rank_pids = [info["pid"] for info in self.rank_info.values()]
+            results = await self._channel.broadcast(
+                "init", {"config": config_to_dict(cfg)}, timeout_s=cfg.launch.start_timeout_s
+            )
+        finally:
+            await engine_task
+        trainer = results[0]
+        engine_info = await self._engine().weight_info()
+        if engine_info.checksum != trainer["checksum"] or engine_info.version != trainer["version"]:
+            raise WeightMismatchError(
+                f"initial weights differ: trainer v{trainer['version']} checksum {trainer['checksum'][:12]}, "
+                f"engine v{engine_info.version} checksum {engine_info.checksum[:12]}"
+            )
+        self.versions.trainer_checksum = trainer["checksum"]
+        self.versions.record_sync(engine_info.version, engine_info.checksum, 0.0)
+        logger.info(
+            "session ready in %.1f s: %d ranks, engine %s, output %s",
+            time.perf_counter() - t0,
+            cfg.launch.num_ranks,
+            cfg.inference.engine,
+            self.output_dir,
+        )
+
+    async def _start_engine(self) -> None:
+        from transformers import AutoTokenizer
+
+        from rlsdk.data import PromptSampler, reverse_digits_dataset
+        from rlsdk.engine.inference.embedded import EmbeddedEngine
+
+        cfg = self.config
+        self.tokenizer = await asyncio.to_thread(
+            AutoTokenizer.from_pretrained, cfg.model.path, trust_remote_code=cfg.model.trust_remote_code
+        )
+        self.engine = await asyncio.to_thread(
+            EmbeddedEngine.from_pretrained,
+            cfg.model.path,
+            dtype=cfg.model.dtype,
+            num_threads=cfg.inference.num_threads,
+            max_batch_size=cfg.inference.max_batch_size,
+        )
+        params = SamplingParams(
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+            top_k=cfg.rollout.top_k,
+        )
+        self.workflow = SingleTurnWorkflow(self.tokenizer, params)
+        dataset = reverse_digits_dataset(
+            cfg.data.num_examples,
+            min_digits=cfg.data.min_digits,
+            max_digits=cfg.data.max_digits,
+            seed=cfg.seed,
+        )
+        self.prompt_sampler = PromptSampler(dataset, cfg.data.prompts_per_step, seed=cfg.seed)
+        self.metrics = MetricsWriter(self.output_dir / "tensorboard", tensorboard=cfg.observe.tensorboard)
+        self._publish_dir = tempfile.mkdtemp(
+            prefix="rlsdk-weights-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+        )
+
+    def _launcher_line(self, line: str) -> None:
+        if self._router is not None and line.strip():
+            self._router.handle(
+                {
+                    "time": time.time(),
+                    "level": "INFO",
+                    "levelno": logging.INFO,
+                    "logger": "rlsdk.launch",
+                    "component": "launch",
+                    "rank": None,
+                    "world_size": self.config.launch.num_ranks,
+                    "version": None,
+                    "role": "launcher",
+                    "message": line,
+                }
+            )
+
+    async def _supervise(self) -> None:
+        """Turn an unexpected exit of the rank processes into an error for whoever waits on them."""
+        await self._launcher.wait()
+        if self._closing:
+            return
+        error = self._launcher.error()
+        self._failure = error
+        logger.error("%s", error)
+        self._channel.fail_pending(error)
+
+    def _engine(self) -> InferenceEngine:
+        if self._closed or self.engine is None:
+            raise SessionClosedError("the session is closed; start a new one with Session.start(config)")
+        if self._failure is not None:
+            raise SessionClosedError(f"the session's ranks failed: {self._failure}")
+        return self.engine
+
+    async def close(self) -> None:
+        """Stop the ranks and the engine, flush metrics and logs. Idempotent; nothing of the run stays alive."""
+        if self._closed:
+            return
+        self._closing = True
+        if self._channel is not None:
+            with contextlib.suppress(Exception):
+                await self._channel.shutdown_ranks()
+        if self._launcher is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._launcher.proc.wait()), timeout=5.0)
+            await self._launcher.stop()
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._supervisor
+        if self._channel is not None:
+            await self._channel.close()
+        if self.engine is not None:
+            await self.engine.close()
+        if self.metrics is not None:
+            self.metrics.close()
+        if self._publish_dir is not None:
+            shutil.rmtree(self._publish_dir, ignore_errors=True)
+        logger.info("session closed")
+        if self._log_handler is not None:
+            logging.getLogger(ROOT_LOGGER).removeHandler(self._log_handler)
+        if self._router is not None:
+            self._router.close()
+        self._closed = True
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ the four calls
+    def next_prompts(self) -> list[dict[str, Any]]:
+        """The next ``data.prompts_per_step`` rows of the session's data set (seeded, epoch-shuffled)."""
+        self._engine()
+        return normalize_rows(self.prompt_sampler.next_batch())
+
+    async def rollout(self, prompts: Sequence[Any] | dict[str, list[Any]] | None = None) -> Rollout:
+        """Sample ``rollout.group_size`` completions per prompt from the engine.
+
+        ``prompts``: strings, dicts with a ``prompt`` key (other keys reach the reward function), a column
+        batch from a ``datasets.Dataset``, or ``None`` for the next batch of the configured data set.
+        """
+        engine = self._engine()
+        rows = self.next_prompts() if prompts is None else normalize_rows(prompts)
+        if not rows:
+            raise ValueError("rollout needs at least one prompt; got an empty prompt list")
+        assert self.workflow is not None
+        start = time.perf_counter()
+        rollout = await self.workflow.arun_batch(engine, rows, self.config.rollout.group_size)
+        self._rollouts += 1
+        rollout.info["seconds"] = time.perf_counter() - start
+        rollout.info["trainer_version"] = self.versions.trainer_version
+        return rollout
+
+    async def reward(self, rollout: Rollout, reward_fn: RewardFn, *, timeout_s: float | None = None) -> Rollout:
+        """Score ``rollout`` with ``reward_fn`` (sync or async, batched); returns a new Rollout with rewards.
+
+        Raises ``RewardError`` naming the function when it raises, times out, or returns the wrong number of
+        values or a non-finite value; the input rollout is left untouched.
+        """
+        self._engine()
+        rewards_B = await compute_rewards(rollout, reward_fn, timeout_s=timeout_s)
+        return rollout.with_rewards(rewards_B)
+
+    async def update(self, rollout: Rollout) -> dict[str, float]:
+        """Train on ``rollout`` (one optimizer step on every rank); the trainer publishes version + 1.
+
+        Samples staler than ``rollout.max_staleness`` raise ``StaleRolloutError`` (policy ``raise``) or are
+        dropped and counted (policy ``drop``). Returns step metrics (means over completion tokens).
+        """
+        from rlsdk.algorithms import group_advantages
+
+        self._engine()
+        cfg = self.config
+        if rollout.rewards_B is None:
+            raise ValueError("rollout has no rewards: call `rollout = await session.reward(rollout, fn)` first")
+        start = time.perf_counter()
+        world = cfg.launch.num_ranks
+        keep_B = staleness_mask(
+            rollout.behaviour_versions_B,
+            self.versions.trainer_version,
+            cfg.rollout.max_staleness,
+            cfg.rollout.stale_policy,
+        )
+        advantages_B = group_advantages(
+            rollout.rewards_B,
+            rollout.group_size,
+            scale_by_std=cfg.algorithm.scale_rewards,
+            eps=cfg.algorithm.adv_eps,
+        )
+        index_B = keep_B.nonzero().flatten()
+        stale = rollout.num_samples - index_B.numel()
+        index_B = index_B[: index_B.numel() - index_B.numel() % world]  # equal shards: equal collectives
+        if index_B.numel() == 0:
+            raise VersionError(
+                f"no sample left to train on: {stale} stale samples dropped and {world} ranks need at least one "
+                f"sample each (trainer v{self.versions.trainer_version}, max_staleness {cfg.rollout.max_staleness})"
+            )
+        self.versions.dropped_stale_samples += stale
+        batch = {
+            "prompt_ids_B_P": rollout.prompt_ids_B_P[index_B],
+            "prompt_mask_B_P": rollout.prompt_mask_B_P[index_B],
+            "completion_ids_B_C": rollout.completion_ids_B_C[index_B],
+            "completion_mask_B_C": rollout.completion_mask_B_C[index_B],
+            "logprobs_B_C": rollout.logprobs_B_C[index_B],
+            "advantages_B": advantages_B[index_B],
+        }
+        num_tokens = int(batch["completion_mask_B_C"].sum())
+        per_rank = index_B.numel() // world
+        bodies = [
+            {
+                "shard": {k: v[r * per_rank : (r + 1) * per_rank] for k, v in batch.items()},
+                "num_tokens": num_tokens,
+            }
+            for r in range(world)
+        ]
+        results = await self._channel.broadcast("update", bodies, timeout_s=cfg.launch.command_timeout_s)
+        versions = {int(r["version"]) for r in results}
+        if len(versions) != 1:
+            raise VersionError(f"ranks disagree on the trainer version after update: {sorted(versions)}")
+        self.versions.trainer_version = versions.pop()
+        set_log_context(version=self.versions.trainer_version)
+        self.step += 1
+        totals = {
+            k: sum(float(r[k]) for r in results)
+            for k in ("loss_sum", "clipped_tokens", "ratio_sum", "kl_sum", "entropy_sum", "tokens")
+        }
+        tokens = max(totals["tokens"], 1.0)
+        rewards_B = rollout.rewards_B
+        stats = {
+            "step": float(self.step),
+            "reward/mean": float(rewards_B.mean()),
+            "reward/std": float(rewards_B.std()) if rewards_B.numel() > 1 else 0.0,
+            "train/loss": totals["loss_sum"] / tokens,
+            "train/clip_fraction": totals["clipped_tokens"] / tokens,
+            "train/ratio_mean": totals["ratio_sum"] / tokens,
+            "train/kl": totals["kl_sum"] / tokens,
+            "train/entropy": totals["entropy_sum"] / tokens,
+            "train/grad_norm": float(results[0]["grad_norm"]),
+            "train/tokens": totals["tokens"],
+            "train/dropped_stale": float(stale),
+            "time/update_s": time.perf_counter() - start,
+            "time/rank_update_s": max(float(r["seconds"]) for r in results),
+            "time/rollout_s": float(rollout.info.get("seconds", float("nan"))),
+            "version/trainer": float(self.versions.trainer_version),
+            "version/engine": float(self.versions.engine_version),
+            "version/behaviour_min": float(rollout.behaviour_versions_B.min()),
+        }
+        if self.metrics is not None:
+            self.metrics.log(self.step, stats)
+        logger.debug("update %d: %s", self.step, stats)
+        return stats
+
+    async def sync_weights(self) -> WeightInfo:
+        """Publish the trainer's weights to the engine; verify it serves the trainer's version and checksum.
+
+        Raises ``WeightMismatchError`` naming both versions/checksums when the engine does not serve exactly
+        what the trainer published.
+        """
+        engine = self._engine()
+        start = time.perf_counter()
+        results = await self._channel.broadcast(
+            "export_weights",
+            {"publish_dir": self._publish_dir, "src": 0},
+            timeout_s=self.config.launch.command_timeout_s,
+        )
+        published = results[0]
+        info = await engine.load_weights(published["path"], published["version"])
+        expected = self.versions.trainer_version
+        if info.version != expected or info.checksum != published["checksum"]:
+            raise WeightMismatchError(
+                f"engine serves v{info.version} (checksum {info.checksum[:12]}) after sync, "
+                f"trainer published v{published['version']} (checksum {published['checksum'][:12]}), "
+                f"ledger expects v{expected}"
+            )
+        seconds = time.perf_counter() - start
+        self.versions.trainer_checksum = published["checksum"]
+        self.versions.record_sync(info.version, info.checksum, seconds)
+        if self.metrics is not None:
+            self.metrics.log(self.step, {"time/sync_s": seconds, "version/engine": float(info.version)})
+        logger.debug("engine now serves v%d (sync %.3f s)", info.version, seconds)
+        return info
+
+    # ------------------------------------------------------------------ checkpoints and low-level calls
+    async def save_checkpoint(self) -> Path:
+        """Write ``OUTPUT/checkpoints/step_N`` atomically (N = trainer version); keeps ``train.keep_checkpoints``."""
+        import json
+
+        import yaml
+
+        from rlsdk.engine.train.checkpoint import finalize_checkpoint, prune_checkpoints
+
+        self._engine()
+        root = self.output_dir / "checkpoints"
+        root.mkdir(parents=True, exist_ok=True)
+        version = self.versions.trainer_version
+        tmp = root / f"step_{version}.tmp-{uuid.uuid4().hex[:8]}"
+        await self._channel.broadcast("save_checkpoint", {"directory": str(tmp)})
+        await asyncio.to_thread(self.tokenizer.save_pretrained, str(tmp / "model"))
+        extra = {
+            "ledger.json": json.dumps(self.versions.state_dict(), indent=1),
+            "config.yaml": yaml.safe_dump(config_to_dict(self.config), sort_keys=False),
+            "data_state.json": json.dumps(self.prompt_sampler.state_dict()),
+        }
+        final = await asyncio.to_thread(finalize_checkpoint, tmp, root / f"step_{version}", extra)
+        await asyncio.to_thread(prune_checkpoints, root, self.config.train.keep_checkpoints)
+        logger.info("checkpoint written: %s", final)
+        return final
+
+    async def call(self, command: str, body: dict[str, Any] | list[dict[str, Any]] | None = None) -> list[Any]:
+        """Send a raw command to every rank and gather the results (index = rank). ``noop`` measures latency."""
+        self._engine()
+        return await self._channel.broadcast(command, body, timeout_s=self.config.launch.command_timeout_s)
+
+    def status(self) -> dict[str, Any]:
+        """Ranks (pid, heartbeat age, current command) and versions, for humans and dashboards."""
+        ages = self._channel.heartbeat_ages() if self._channel is not None else {}
+        current = self._channel.current_commands() if self._channel is not None else {}
+        return {
+            "closed": self._closed,
+            "ranks": {
+                rank: {
+                    "pid": info.get("pid"),
+                    "heartbeat_age_s": ages.get(rank),
+                    "command": current.get(rank),
+                }
+                for rank, info in self.rank_info.items()
+            },
+            "trainer_version": self.versions.trainer_version,
+            "engine_version": self.versions.engine_version,
+            "in_sync": self.versions.in_sync,
+            "step": self.step,
+        }

@@ -1,0 +1,144 @@
+"""The rank's command loop.
+
+Start-up order matters: set the parent-death signal first (so a dead launcher takes this rank with it),
+connect the control channel and ship logs, then create the process group through
+``Accelerator(cpu=True)`` (without ``cpu=True`` every CPU rank silently believes it is rank 0).
+Commands arrive with sequence numbers and run in that order on every rank (SPMD).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from rlsdk.launch.pdeathsig import set_parent_death_signal
+from rlsdk.observe.logging import get_logger, install_rank_logging, set_log_context
+
+logger = get_logger(__name__)
+
+
+class Worker:
+    """Holds the rank's state; one method per command."""
+
+    def __init__(self, accelerator: Any, rank: int, world_size: int) -> None:
+        self.accelerator = accelerator
+        self.rank = rank
+        self.world_size = world_size
+        self.engine: Any = None
+        self.handlers: dict[str, Callable[[dict[str, Any]], Any]] = {
+            "noop": self.noop,
+            "init": self.init,
+            "update": self.update,
+            "weight_info": self.weight_info,
+            "export_weights": self.export_weights,
+            "save_checkpoint": self.save_checkpoint,
+            "raise": self.raise_error,
+        }
+
+    def _require_engine(self) -> Any:
+        if self.engine is None:
+            raise RuntimeError("the train engine is not initialised: the Session sends 'init' first")
+        return self.engine
+
+    def noop(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {"rank": self.rank}
+
+    def raise_error(self, body: dict[str, Any]) -> None:
+        """Raise the given message (tests use it to check error reporting)."""
+        raise RuntimeError(body.get("message", "requested error"))
+
+    def init(self, body: dict[str, Any]) -> dict[str, Any]:
+        from rlsdk.config import SessionConfig, config_from_dict
+        from rlsdk.engine.train.engine import TrainEngine
+
+        config = config_from_dict(SessionConfig, body["config"])
+        logging.getLogger("rlsdk").setLevel(config.observe.log_level)
+        self.engine = TrainEngine(config, self.accelerator)
+        return self.engine.weight_info() if self.rank == 0 else {"version": self.engine.version}
+
+    def update(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._require_engine().update(body["shard"], body["num_tokens"])
+
+    def weight_info(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._require_engine().weight_info()
+
+    def export_weights(self, body: dict[str, Any]) -> dict[str, Any]:
+        engine = self._require_engine()
+        if self.rank != body.get("src", 0):
+            return {"version": engine.version}
+        return engine.export_weights(body["publish_dir"])
+
+    def save_checkpoint(self, body: dict[str, Any]) -> list[str]:
+        return self._require_engine().save_checkpoint(body["directory"], is_writer=self.rank == 0)
+
+
+def main() -> None:
+    set_parent_death_signal(signal.SIGTERM)
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(int(os.environ.get("RLSDK_THREADS_PER_RANK", "1")))
+
+    from rlsdk.control.rank import RankChannel
+
+    channel = RankChannel.from_env(rank, world_size)
+    channel.connect()
+    install_rank_logging(
+        channel.send_log, rank=rank, world_size=world_size, level=int(os.environ.get("RLSDK_LOG_LEVEL", "20"))
+    )
+    set_log_context(version=0)
+    code = 0
+    try:
+        from accelerate import Accelerator
+
+        accelerator = Accelerator(cpu=True)
+        if accelerator.process_index != rank or accelerator.num_processes != world_size:
+            raise RuntimeError(
+                f"accelerate reports rank {accelerator.process_index}/{accelerator.num_processes}, "
+                f"the launcher assigned {rank}/{world_size}"
+            )
+        worker = Worker(accelerator, rank, world_size)
+        logger.debug("rank %d/%d ready (pid %d)", rank, world_size, os.getpid())
+        _serve(channel, worker)
+    except Exception:
+        logger.exception("rank %d failed outside a command", rank)
+        code = 1
+    finally:
+        _shutdown(channel)
+    sys.exit(code)
+
+
+def _serve(channel: Any, worker: Worker) -> None:
+    while True:
+        command = channel.recv_command()
+        if command is None:
+            continue
+        if command.name == "shutdown":
+            logger.debug("shutdown requested")
+            return
+        handler = worker.handlers.get(command.name)
+        channel.set_current(command.name, command.seq)
+        try:
+            if handler is None:
+                raise ValueError(f"unknown command {command.name!r}; known: {sorted(worker.handlers)}")
+            result = handler(command.body or {})
+        except Exception as exc:
+            logger.debug("command %s (seq %d) failed", command.name, command.seq, exc_info=True)
+            channel.send_error(command.seq, exc)
+        else:
+            channel.send_result(command.seq, result)
+        finally:
+            channel.set_current(None, None)
+
+
+def _shutdown(channel: Any) -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    channel.close()

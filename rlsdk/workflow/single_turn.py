@@ -1,0 +1,47 @@
+"""Single-turn episodes: one prompt in, ``group_size`` sampled completions out, as one batched engine call."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import torch
+
+from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams
+from rlsdk.workflow.rollout import Rollout, collate_prompts
+
+
+class RolloutWorkflow(Protocol):
+    """Turns prompt rows into a :class:`Rollout` using an inference engine."""
+
+    async def arun_batch(self, engine: InferenceEngine, rows: Sequence[dict[str, Any]], group_size: int) -> Rollout: ...
+
+
+class SingleTurnWorkflow:
+    """Tokenise each prompt, sample ``group_size`` completions from the engine, decode them."""
+
+    def __init__(self, tokenizer: Any, params: SamplingParams) -> None:
+        self.tokenizer = tokenizer
+        self.params = params
+
+    async def arun_batch(self, engine: InferenceEngine, rows: Sequence[dict[str, Any]], group_size: int) -> Rollout:
+        prompt_ids = [list(self.tokenizer(row["prompt"])["input_ids"]) for row in rows]
+        repeated = [ids for ids in prompt_ids for _ in range(group_size)]
+        result = await engine.generate(repeated, self.params)
+        pad = self.tokenizer.pad_token_id
+        prompt_ids_B_P, prompt_mask_B_P = collate_prompts(repeated, pad)
+        completions = self.tokenizer.batch_decode(
+            torch.where(result.completion_mask_B_C, result.completion_ids_B_C, pad).tolist(),
+            skip_special_tokens=True,
+        )
+        return Rollout(
+            rows=[dict(row) for row in rows],
+            group_size=group_size,
+            prompt_ids_B_P=prompt_ids_B_P,
+            prompt_mask_B_P=prompt_mask_B_P,
+            completion_ids_B_C=result.completion_ids_B_C,
+            completion_mask_B_C=result.completion_mask_B_C,
+            logprobs_B_C=result.logprobs_B_C,
+            versions_B_C=result.versions_B_C,
+            completions=completions,
+        )

@@ -1,0 +1,37 @@
+"""Shared fixtures: a tiny policy built locally (nothing downloads) and a small session config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlsdk.config import (
+    DataConfig,
+    LaunchConfig,
+    ModelConfig,
+    ObserveConfig,
+    RolloutConfig,
+    SessionConfig,
+    TrainConfig,
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from rlsdk.data import build_tiny_policy
+
+    return build_tiny_policy(tmp_path_factory.mktemp("tiny-policy") / "model", seed=0)
+
+
+@pytest.fixture()
+def small_config(tiny_model_dir: Path, tmp_path: Path) -> SessionConfig:
+    """2 ranks, 4 prompts x 4 samples, short timeouts: a Session that starts in seconds."""
+    return SessionConfig(
+        model=ModelConfig(path=str(tiny_model_dir)),
+        launch=LaunchConfig(num_ranks=2, start_timeout_s=120.0, heartbeat_interval_s=0.5, heartbeat_timeout_s=20.0),
+        train=TrainConfig(lr=1e-3, micro_batch_size=4),
+        rollout=RolloutConfig(group_size=4, max_new_tokens=5),
+        data=DataConfig(prompts_per_step=4, num_examples=64),
+        observe=ObserveConfig(output_dir=str(tmp_path / "out"), console=False),
+    )

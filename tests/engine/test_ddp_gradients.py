@@ -1,0 +1,103 @@
+"""DDP on 2 real gloo ranks gives the gradient of the single-process global token-mean loss."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlsdk.config import ModelConfig, SessionConfig, TrainConfig
+from rlsdk.testing.distributed import run_gloo_ranks
+
+pytestmark = pytest.mark.distributed
+
+
+def _make_batch(model_dir: str, batch: int = 12, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A synthetic update batch: real prompts, random completions of mixed lengths, perturbed old logprobs."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlsdk.algorithms import completion_logprobs
+    from rlsdk.workflow.rollout import collate_prompts
+
+    gen = torch.Generator().manual_seed(seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [f"{int(n):03d}>" for n in torch.randint(0, 1000, (batch,), generator=gen)]
+    prompts[0] = "12>"  # a shorter prompt exercises left padding
+    prompt_ids_B_P, prompt_mask_B_P = collate_prompts(
+        [tokenizer(p)["input_ids"] for p in prompts], tokenizer.pad_token_id
+    )
+    digits = [tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
+    completion_ids_B_C = torch.tensor(digits)[torch.randint(0, 10, (batch, 5), generator=gen)]
+    lengths_B = torch.randint(1, 6, (batch,), generator=gen)
+    completion_mask_B_C = torch.arange(5)[None, :] < lengths_B[:, None]
+    completion_ids_B_C = torch.where(completion_mask_B_C, completion_ids_B_C, tokenizer.pad_token_id)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        logprobs_B_C, _ = completion_logprobs(
+            model, prompt_ids_B_P, prompt_mask_B_P, completion_ids_B_C, completion_mask_B_C
+        )
+    old_B_C = (logprobs_B_C + 0.3 * torch.randn(logprobs_B_C.shape, generator=gen)) * completion_mask_B_C
+    return {
+        "prompt_ids_B_P": prompt_ids_B_P,
+        "prompt_mask_B_P": prompt_mask_B_P,
+        "completion_ids_B_C": completion_ids_B_C,
+        "completion_mask_B_C": completion_mask_B_C,
+        "logprobs_B_C": old_B_C,
+        "advantages_B": torch.randn(batch, generator=gen),
+    }
+
+
+def _config(model_dir: str) -> SessionConfig:
+    return SessionConfig(model=ModelConfig(path=model_dir), train=TrainConfig(micro_batch_size=4))
+
+
+def _rank_gradients(rank: int, world_size: int, model_dir: str, batch: dict, num_tokens: int) -> dict:
+    from accelerate import Accelerator
+
+    from rlsdk.engine.train.engine import TrainEngine
+
+    engine = TrainEngine(_config(model_dir), Accelerator(cpu=True))
+    per_rank = batch["advantages_B"].shape[0] // world_size
+    shard = {k: v[rank * per_rank : (rank + 1) * per_rank] for k, v in batch.items()}
+    engine.accumulate_gradients(shard, num_tokens)
+    return {name: p.grad.clone() for name, p in engine.unwrapped.named_parameters()}
+
+
+def _reference_gradients(model_dir: str, batch: dict) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    from rlsdk.algorithms import completion_logprobs, grpo_loss
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    logprobs_B_C, _ = completion_logprobs(
+        model,
+        batch["prompt_ids_B_P"],
+        batch["prompt_mask_B_P"],
+        batch["completion_ids_B_C"],
+        batch["completion_mask_B_C"],
+    )
+    loss, _ = grpo_loss(
+        logprobs_B_C,
+        batch["logprobs_B_C"],
+        batch["advantages_B"],
+        batch["completion_mask_B_C"],
+        clip_eps_low=0.2,
+        clip_eps_high=0.2,
+    )
+    loss.backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def test_ddp_two_gloo_ranks_gradients_equal_single_process_global_token_mean(tiny_model_dir: Path) -> None:
+    model_dir = str(tiny_model_dir)
+    batch = _make_batch(model_dir)
+    num_tokens = int(batch["completion_mask_B_C"].sum())
+    expected = _reference_gradients(model_dir, batch)
+
+    per_rank = run_gloo_ranks(_rank_gradients, 2, model_dir, batch, num_tokens)
+
+    assert set(per_rank[0]) == set(expected)
+    for rank_grads in per_rank:
+        for name, grad in expected.items():
+            torch.testing.assert_close(rank_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
