@@ -1,0 +1,72 @@
+"""``rlsdk`` command line: ``rlsdk run RECIPE.py [--section.field VALUE ...] [--config FILE.yaml]``.
+
+A recipe is a Python file with ``config() -> SessionConfig`` (its defaults) and ``async main(config)``. The
+command-line flags are generated from the same config dataclasses (no parallel argparse for config fields).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+from rlsdk.observe.logging import get_logger
+
+logger = get_logger("rlsdk.cli")
+
+
+def load_recipe(path: str) -> ModuleType:
+    """Import a recipe file; raises ``FileNotFoundError``/``AttributeError`` naming what is missing."""
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"recipe {path!r} does not exist (expected a .py file with config() and main())")
+    spec = importlib.util.spec_from_file_location(f"rlsdk_recipe_{file.stem}", file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import recipe {path!r}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    for name in ("config", "main"):
+        if not callable(getattr(module, name, None)):
+            raise AttributeError(
+                f"recipe {path!r} must define {name}() (config() -> SessionConfig, async main(config))"
+            )
+    return module
+
+
+def run_recipe(path: str, args: Sequence[str]) -> object:
+    from rlsdk.config import parse_cli
+
+    recipe = load_recipe(path)
+    config = parse_cli(recipe.config(), list(args), prog=f"rlsdk run {path}", description=recipe.__doc__)
+    return asyncio.run(recipe.main(config))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="rlsdk", description="rlsdk: interactive distributed RL post-training")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a recipe as a script", add_help=False)
+    run.add_argument("recipe", help="path to a recipe .py file")
+    if len(argv) >= 1 and argv[0] == "run":
+        known, rest = run.parse_known_args(argv[1:]) if len(argv) > 1 and not argv[1].startswith("-") else (None, None)
+        if known is None:
+            run.print_help()
+            return 2
+        from rlsdk.config import ConfigError
+
+        try:
+            run_recipe(known.recipe, rest)
+        except (ConfigError, FileNotFoundError) as exc:  # a bad input: say what and why, no traceback
+            parser.exit(2, f"rlsdk run: error: {exc}\n")
+        return 0
+    parser.parse_args(argv)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
