@@ -1,0 +1,45 @@
+# The two commands (see README): `make run` trains the default recipe on CPU, `make test` runs the test suite.
+# Both create .venv from scratch when needed. torch is pinned to the CPU build (see pyproject.toml).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
+PYTEST_ARGS ?=
+
+.PHONY: run test lint format bench hooks clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.stamp-base: pyproject.toml | $(BIN)/python
+	$(PIP) install -q "torch==2.13.0"
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.stamp-dev: pyproject.toml $(VENV)/.stamp-base
+	$(PIP) install -q -e ".[dev]"
+	-[ -d .git ] && $(BIN)/pre-commit install >/dev/null
+	touch $@
+
+run: $(VENV)/.stamp-base
+	$(BIN)/rlsdk run recipes/grpo_reverse.py $(ARGS)
+
+test: $(VENV)/.stamp-dev
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.stamp-dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(VENV)/.stamp-dev
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: $(VENV)/.stamp-dev
+	$(BIN)/python benchmarks/session_overhead.py $(ARGS)
+
+hooks: $(VENV)/.stamp-dev
+	$(BIN)/pre-commit install
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache .ruff_cache
