@@ -1,9 +1,13 @@
-"""Controller end of the control channel: one asyncio ROUTER socket that drives every rank.
+"""Controller end of the control channel: one ROUTER socket, driven from the asyncio loop, that drives every rank.
 
 Each rank connects two DEALER sockets to the ROUTER: a command socket (identity ``cmd-<rank>``: hello,
 results, errors) and an event socket (identity ``evt-<rank>``: logs and heartbeats both ways). Keeping
 events off the command socket means a flood of log records never delays a result, and a rank busy in a
 long command still heartbeats from its event thread.
+
+The socket is a plain (synchronous) zmq socket watched with ``loop.add_reader`` on its edge-triggered FD, and
+sends use ``DONTWAIT``: the round trip then costs a few Python calls instead of ``zmq.asyncio``'s per-message
+futures (measured: the no-op round trip to 2 ranks drops by a third). All socket use stays on the loop thread.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
-import zmq.asyncio
 
 from rlsdk.control import protocol
 from rlsdk.control.errors import CommandTimeoutError, ControlError, ProtocolError, RankError
@@ -98,8 +101,8 @@ class ControllerChannel:
         self._host = host
         self._heartbeat_interval_s = float(heartbeat_interval_s)
         self._on_log = on_log if on_log is not None else _relog_record
-        self._context: zmq.asyncio.Context | None = None
-        self._socket: zmq.asyncio.Socket | None = None
+        self._context: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._socket: zmq.Socket[bytes] | None = None
         self._address: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -114,6 +117,7 @@ class ControllerChannel:
         self._pending: dict[int, _PendingCommand] = {}
         self._rank_waiters: set[asyncio.Future[None]] = set()
         self._failure: BaseException | None = None
+        self._drain_scheduled = False
         self.dropped_messages = 0
         """Messages dropped since start: bad signature, wrong session, malformed frames or unknown peer."""
 
@@ -160,7 +164,7 @@ class ControllerChannel:
         if self._closed or self._socket is not None:
             raise ControlError("ControllerChannel.start() may be called once, before close()")
         self._loop = asyncio.get_running_loop()
-        self._context = zmq.asyncio.Context()
+        self._context = zmq.Context()
         sock = self._context.socket(zmq.ROUTER)
         # Sending to an identity that is not connected raises EHOSTUNREACH instead of dropping silently.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -182,10 +186,8 @@ class ControllerChannel:
         endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._address = f"tcp://{bind_host}:{endpoint.rsplit(':', 1)[1]}"
         self._socket = sock
-        self._tasks = [
-            asyncio.create_task(self._receive_loop(), name="rlsdk-control-receive"),
-            asyncio.create_task(self._heartbeat_loop(), name="rlsdk-control-heartbeat"),
-        ]
+        self._loop.add_reader(sock.getsockopt(zmq.FD), self._drain)
+        self._tasks = [asyncio.create_task(self._heartbeat_loop(), name="rlsdk-control-heartbeat")]
         logger.debug("control channel listening on %s (session %s)", self._address, self._session_id)
 
     async def shutdown_ranks(self, *, linger_s: float = 0.5) -> None:
@@ -200,7 +202,7 @@ class ControllerChannel:
         for rank in sorted(self._ranks):
             frames = protocol.encode(self._secret, kind="shutdown", seq=self._seq, rank=rank, session=self._session_id)
             try:
-                await self._socket.send_multipart([command_identity(rank), *frames], flags=zmq.DONTWAIT)
+                self._send([command_identity(rank), *frames])
             except zmq.ZMQError as exc:
                 logger.debug("shutdown not sent to rank %d: %s", rank, exc)
         self._close_linger_ms = max(self._close_linger_ms, int(linger_s * 1000))
@@ -221,6 +223,8 @@ class ControllerChannel:
                 await task
         self._fail_waiters(ControlError("the control channel was closed"))
         if self._socket is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self._socket.getsockopt(zmq.FD))
             self._socket.close(linger=self._close_linger_ms)
             self._socket = None
         if self._context is not None:
@@ -388,7 +392,7 @@ class ControllerChannel:
                 payload=payloads[rank],
             )
             try:
-                await self._socket.send_multipart([command_identity(rank), *frames])
+                await self._send_when_possible([command_identity(rank), *frames])
             except zmq.ZMQError as exc:
                 if exc.errno != zmq.EHOSTUNREACH:
                     raise
@@ -435,20 +439,40 @@ class ControllerChannel:
                 count,
             )
 
-    async def _receive_loop(self) -> None:
-        assert self._socket is not None
-        sock = self._socket
+    def _send(self, frames: list[bytes]) -> None:
+        """Send without blocking (raises ``zmq.Again`` at the high-water mark), then look for input: a send
+        can consume the FD's edge while a message is waiting, and the edge would not fire again."""
+        assert self._socket is not None and self._loop is not None
+        self._socket.send_multipart(frames, flags=zmq.DONTWAIT)
+        if not self._drain_scheduled:
+            self._drain_scheduled = True
+            self._loop.call_soon(self._drain)
+
+    async def _send_when_possible(self, frames: list[bytes]) -> None:
         while True:
             try:
-                frames = await sock.recv_multipart()
-            except asyncio.CancelledError:
-                raise
-            except zmq.ZMQError as exc:
-                if self._closed or exc.errno in (zmq.ETERM, zmq.ENOTSOCK):
+                self._send(frames)
+                return
+            except zmq.Again:
+                await asyncio.sleep(0.001)  # the peer's queue is full: wait for it instead of dropping a command
+
+    def _drain(self) -> None:
+        """Handle every message waiting on the socket (the FD is edge-triggered: read until empty)."""
+        self._drain_scheduled = False
+        sock = self._socket
+        if sock is None or self._closed:
+            return
+        while True:
+            try:
+                if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                     return
-                logger.error("control channel receive failed: %s", exc)
-                await asyncio.sleep(0.01)
-                continue
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except zmq.ZMQError as exc:
+                if not (self._closed or exc.errno in (zmq.ETERM, zmq.ENOTSOCK)):
+                    logger.error("control channel receive failed: %s", exc)
+                return
             try:
                 self._handle(frames)
             except Exception:
@@ -558,8 +582,6 @@ class ControllerChannel:
             self._on_reply(rank, int(header.get("seq", -1)), None, exc)
 
     async def _heartbeat_loop(self) -> None:
-        assert self._socket is not None
-        sock = self._socket
         while True:
             for rank in sorted(self._ranks):
                 self._heartbeat_seq += 1
@@ -572,7 +594,7 @@ class ControllerChannel:
                 )
                 try:
                     # Never queue heartbeats behind a stalled peer: drop this beat instead.
-                    await sock.send_multipart([event_identity(rank), *frames], flags=zmq.DONTWAIT)
+                    self._send([event_identity(rank), *frames])
                 except zmq.ZMQError as exc:
                     if self._closed or exc.errno in (zmq.ETERM, zmq.ENOTSOCK):
                         return

@@ -132,10 +132,16 @@ def rank_environment(
 
 def sign(secret: bytes, header: bytes, payload: bytes) -> bytes:
     """HMAC-SHA256 of ``len(header) || header || payload`` (see the module docstring)."""
-    mac = hmac.new(secret, len(header).to_bytes(8, "big"), hashlib.sha256)
+    prefix = len(header).to_bytes(8, "big")
+    if len(payload) <= _ONE_SHOT_BYTES:  # hmac.digest is OpenSSL's one-shot path: ~3x faster on small messages
+        return hmac.digest(secret, b"".join((prefix, header, payload)), "sha256")
+    mac = hmac.new(secret, prefix, hashlib.sha256)  # large payloads: no concatenation copy
     mac.update(header)
     mac.update(payload)
     return mac.digest()
+
+
+_ONE_SHOT_BYTES = 1 << 16
 
 
 def dumps_body(body: Any) -> bytes:

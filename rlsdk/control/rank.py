@@ -255,14 +255,16 @@ class RankChannel:
             ControlError: the channel is not connected.
         """
         sock = self._require_command_socket()
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if timeout_s is None:  # the hot path: block in recv itself (no poll round trip per command)
+            while True:
+                command = self._accept_command(sock.recv_multipart())
+                if command is not None:
+                    return command
+        deadline = time.monotonic() + timeout_s
         while True:
-            if deadline is None:
-                poll_ms = None
-            else:
-                poll_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            poll_ms = max(0, int((deadline - time.monotonic()) * 1000))
             if not sock.poll(poll_ms, zmq.POLLIN):
-                if deadline is not None and time.monotonic() >= deadline:
+                if time.monotonic() >= deadline:
                     return None
                 continue
             command = self._accept_command(sock.recv_multipart())
