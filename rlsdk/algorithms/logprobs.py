@@ -82,7 +82,8 @@ def completion_logprobs(
         completion_ids_B_C: int64, right-padded completions.
         completion_mask_B_C: bool/int, True for generated tokens (EOS included).
         temperature: > 0, the sampling temperature.
-        with_entropy: also return the entropy of the (temperature-scaled) distribution at each position.
+        with_entropy: also return the entropy of the (temperature-scaled) distribution at each position
+            (computed without gradient: a metric).
 
     Returns:
         ``(logprobs_B_C, entropy_B_C or None)``, float32, in nats.
@@ -123,5 +124,8 @@ def completion_logprobs(
     # The kept logits are positions P-1 .. P+C-1; the last one predicts past the completion.
     logits_B_C_V = output.logits[:, -(completion_len + 1) : -1]
     logprobs_B_C = token_logprobs(logits_B_C_V, completion_ids_B_C, temperature)
-    entropy_B_C = token_entropy(logits_B_C_V, temperature) if with_entropy else None
+    entropy_B_C = None
+    if with_entropy:  # a metric, never a loss term here: keep it out of the autograd graph
+        with torch.no_grad():
+            entropy_B_C = token_entropy(logits_B_C_V.detach(), temperature)
     return logprobs_B_C, entropy_B_C
