@@ -1,0 +1,153 @@
+"""Session overhead against its floors, measured side by side in one run.
+
+1. Per-step time of the default recipe's step through a Session (rollout -> reward -> update -> sync on 2
+   background ranks) against the bare single-process GRPO loop (``bare_grpo.run_bare``) on the same task, model
+   init, batch (16 prompts x 16 samples) and seed. Target: ratio <= 1.5.
+2. No-op command round trip through the Session's control channel to 2 and 4 ranks against a raw pyzmq
+   ROUTER/DEALER round trip to the same number of peer processes. Target: ratio <= 3.
+
+Systems run interleaved (A B A B ...); each repetition starts from the same initial weights. Thread settings:
+the bare loop uses all cores (``torch.set_num_threads(os.cpu_count())``); the Session gives each rank 1 thread
+and the embedded engine the process default. Quote the ratios, not the absolute times (shared, noisy machine).
+
+Usage: ``python benchmarks/session_overhead.py [--quick] [--json PATH]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import print_table, summarize, write_json
+from _zmq_raw import raw_roundtrip_us
+from bare_grpo import run_bare
+
+from rlsdk import Session
+from rlsdk.config import (
+    DataConfig,
+    LaunchConfig,
+    ModelConfig,
+    ObserveConfig,
+    RolloutConfig,
+    SessionConfig,
+    TrainConfig,
+)
+from rlsdk.data import build_tiny_policy
+from rlsdk.rewards import reverse_reward
+
+
+def session_config(model_dir: Path, out: Path, num_ranks: int, seed: int) -> SessionConfig:
+    return SessionConfig(
+        model=ModelConfig(path=str(model_dir)),
+        launch=LaunchConfig(num_ranks=num_ranks),
+        train=TrainConfig(lr=1e-3, micro_batch_size=256),
+        rollout=RolloutConfig(group_size=16, max_new_tokens=5),
+        data=DataConfig(prompts_per_step=16, num_examples=4096),
+        observe=ObserveConfig(output_dir=str(out), console=False, tensorboard=False, log_level="WARNING"),
+        seed=seed,
+    )
+
+
+async def session_steps(config: SessionConfig, steps: int) -> list[float]:
+    times: list[float] = []
+    async with await Session.start(config) as session:
+        for _ in range(steps):
+            start = time.perf_counter()
+            rollout = await session.rollout()
+            rollout = await session.reward(rollout, reverse_reward)
+            await session.update(rollout)
+            await session.sync_weights()
+            times.append(time.perf_counter() - start)
+    return times
+
+
+async def session_noop_us(config: SessionConfig, iterations: int, reps: int, raw_iterations: int) -> tuple:
+    """Interleave: raw pyzmq round trips, then the Session's no-op, per repetition (the Session stays up)."""
+    raw: list[float] = []
+    ours: list[float] = []
+    async with await Session.start(config) as session:
+        for _ in range(10):
+            await session.call("noop")
+        for _ in range(reps):
+            raw_us = await asyncio.to_thread(raw_roundtrip_us, config.launch.num_ranks, raw_iterations)
+            raw.append(statistics.median(raw_us))
+            samples = []
+            for _ in range(iterations):
+                start = time.perf_counter()
+                await session.call("noop")
+                samples.append((time.perf_counter() - start) * 1e6)
+            ours.append(statistics.median(samples))
+    return raw, ours
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="few repetitions: a smoke test, not a measurement")
+    parser.add_argument("--json", default=None, help="write all figures to this JSON file")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    reps, steps, warmup = (2, 8, 2) if args.quick else (5, 40, 5)
+    noop_iters, noop_reps = (200, 2) if args.quick else (1000, 5)
+
+    work = Path(tempfile.mkdtemp(prefix="rlsdk-bench-"))
+    model_dir = build_tiny_policy(work / "model", seed=args.seed)
+    bare_step: list[float] = []
+    session_step: list[float] = []
+    for rep in range(reps):
+        history = run_bare(model_dir, steps=steps, seed=args.seed, num_threads=os.cpu_count())
+        bare_step.append(statistics.median(m["step_time_s"] for m in history[warmup:]))
+        config = session_config(model_dir, work / f"session-{rep}", 2, args.seed)
+        times = asyncio.run(session_steps(config, steps))
+        session_step.append(statistics.median(times[warmup:]))
+        print(f"rep {rep}: bare {bare_step[-1] * 1e3:.1f} ms/step, session {session_step[-1] * 1e3:.1f} ms/step")
+
+    bare, ours = summarize([t * 1e3 for t in bare_step]), summarize([t * 1e3 for t in session_step])
+    step_ratio = ours["median"] / bare["median"]
+    print_table(
+        "per-step time, 16 prompts x 16 samples (median of per-repetition medians)",
+        [
+            {"name": "bare single-process GRPO loop", **bare},
+            {"name": "Session, 2 ranks (rollout+reward+update+sync)", **ours, "ratio": step_ratio},
+        ],
+        "ms",
+    )
+
+    noop: dict[str, dict] = {}
+    rows = []
+    for ranks in (2, 4):
+        config = session_config(model_dir, work / f"noop-{ranks}", ranks, args.seed)
+        raw, session = asyncio.run(session_noop_us(config, noop_iters, noop_reps, noop_iters))
+        raw_s, session_s = summarize(raw), summarize(session)
+        ratio = session_s["median"] / raw_s["median"]
+        noop[str(ranks)] = {"raw_pyzmq_us": raw_s, "session_noop_us": session_s, "ratio": ratio}
+        rows += [
+            {"name": f"raw pyzmq ROUTER/DEALER, {ranks} peers", **raw_s},
+            {"name": f"Session.call('noop'), {ranks} ranks", **session_s, "ratio": ratio},
+        ]
+    print_table("no-op command round trip", rows, "us")
+    print(
+        f"\ntargets: step-time ratio {step_ratio:.2f} (<= 1.5), "
+        f"no-op ratio {noop['2']['ratio']:.2f} @2 / {noop['4']['ratio']:.2f} @4 ranks (<= 3)"
+    )
+    write_json(
+        args.json,
+        {
+            "benchmark": "session_overhead",
+            "quick": args.quick,
+            "threads": {"bare": os.cpu_count(), "session_rank": 1, "session_engine": "process default"},
+            "step_ms": {"bare": bare, "session": ours, "ratio": step_ratio, "steps": steps, "warmup": warmup},
+            "noop": noop,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
