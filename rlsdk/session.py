@@ -297,7 +297,9 @@ class Session:
             raise ValueError("rollout needs at least one prompt; got an empty prompt list")
         assert self.workflow is not None
         start = time.perf_counter()
-        rollout = await self.workflow.arun_batch(engine, rows, self.config.rollout.group_size)
+        # One seed per rollout, derived from the session seed: the same config replays the same samples.
+        seed = (self.config.seed * 1_000_003 + self._rollouts) % (1 << 62)
+        rollout = await self.workflow.arun_batch(engine, rows, self.config.rollout.group_size, seed=seed)
         self._rollouts += 1
         rollout.info["seconds"] = time.perf_counter() - start
         rollout.info["trainer_version"] = self.versions.trainer_version

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -12,9 +13,15 @@ from rlsdk.workflow.rollout import Rollout, collate_prompts
 
 
 class RolloutWorkflow(Protocol):
-    """Turns prompt rows into a :class:`Rollout` using an inference engine."""
+    """Turns prompt rows into a :class:`Rollout` using an inference engine.
 
-    async def arun_batch(self, engine: InferenceEngine, rows: Sequence[dict[str, Any]], group_size: int) -> Rollout: ...
+    ``seed`` makes the sampling reproducible (the Session derives one per rollout from ``SessionConfig.seed``);
+    ``None`` leaves it to the engine.
+    """
+
+    async def arun_batch(
+        self, engine: InferenceEngine, rows: Sequence[dict[str, Any]], group_size: int, *, seed: int | None = None
+    ) -> Rollout: ...
 
 
 class SingleTurnWorkflow:
@@ -24,10 +31,13 @@ class SingleTurnWorkflow:
         self.tokenizer = tokenizer
         self.params = params
 
-    async def arun_batch(self, engine: InferenceEngine, rows: Sequence[dict[str, Any]], group_size: int) -> Rollout:
+    async def arun_batch(
+        self, engine: InferenceEngine, rows: Sequence[dict[str, Any]], group_size: int, *, seed: int | None = None
+    ) -> Rollout:
         prompt_ids = [list(self.tokenizer(row["prompt"])["input_ids"]) for row in rows]
         repeated = [ids for ids in prompt_ids for _ in range(group_size)]
-        result = await engine.generate(repeated, self.params)
+        params = self.params if seed is None else dataclasses.replace(self.params, seed=seed)
+        result = await engine.generate(repeated, params)
         pad = self.tokenizer.pad_token_id
         prompt_ids_B_P, prompt_mask_B_P = collate_prompts(repeated, pad)
         completions = self.tokenizer.batch_decode(
