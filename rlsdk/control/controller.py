@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -106,6 +107,11 @@ class ControllerChannel:
         self._address: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # The socket is used from the loop thread and from the heartbeat thread; zmq allows that only with a
+        # full memory barrier between uses, which this lock gives.
+        self._socket_lock = threading.Lock()
+        self._heartbeat_stop = threading.Event()
+        self._heartbeat_thread: threading.Thread | None = None
         self._closed = False
         self._close_linger_ms = 0
         self._command_lock = asyncio.Lock()
@@ -187,7 +193,12 @@ class ControllerChannel:
         self._address = f"tcp://{bind_host}:{endpoint.rsplit(':', 1)[1]}"
         self._socket = sock
         self._loop.add_reader(sock.getsockopt(zmq.FD), self._drain)
-        self._tasks = [asyncio.create_task(self._heartbeat_loop(), name="rlsdk-control-heartbeat")]
+        # Heartbeats come from a thread, not the event loop: a notebook cell that blocks the kernel's loop for
+        # minutes must not make the ranks believe the controller died.
+        self._heartbeat_thread = threading.Thread(
+            target=self._heartbeat_loop, name="rlsdk-control-heartbeat", daemon=True
+        )
+        self._heartbeat_thread.start()
         logger.debug("control channel listening on %s (session %s)", self._address, self._session_id)
 
     async def shutdown_ranks(self, *, linger_s: float = 0.5) -> None:
@@ -215,6 +226,10 @@ class ControllerChannel:
         if self._closed:
             return
         self._closed = True
+        self._heartbeat_stop.set()
+        if self._heartbeat_thread is not None:
+            self._heartbeat_thread.join(timeout=5.0)
+            self._heartbeat_thread = None
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
@@ -443,7 +458,8 @@ class ControllerChannel:
         """Send without blocking (raises ``zmq.Again`` at the high-water mark), then look for input: a send
         can consume the FD's edge while a message is waiting, and the edge would not fire again."""
         assert self._socket is not None and self._loop is not None
-        self._socket.send_multipart(frames, flags=zmq.DONTWAIT)
+        with self._socket_lock:
+            self._socket.send_multipart(frames, flags=zmq.DONTWAIT)
         if not self._drain_scheduled:
             self._drain_scheduled = True
             self._loop.call_soon(self._drain)
@@ -464,9 +480,10 @@ class ControllerChannel:
             return
         while True:
             try:
-                if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                    return
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                with self._socket_lock:
+                    if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                        return
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
             except zmq.ZMQError as exc:
@@ -581,25 +598,30 @@ class ControllerChannel:
         if header.get("kind") in ("result", "error") and header.get("rank") == rank:
             self._on_reply(rank, int(header.get("seq", -1)), None, exc)
 
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            for rank in sorted(self._ranks):
+    def _heartbeat_loop(self) -> None:
+        """Heartbeat thread: beat every interval to every registered rank, whatever the event loop is doing."""
+        while not self._heartbeat_stop.wait(self._heartbeat_interval_s):
+            sock, loop = self._socket, self._loop
+            if sock is None or loop is None or self._closed:
+                return
+            for rank in sorted(tuple(self._ranks)):
                 self._heartbeat_seq += 1
                 frames = protocol.encode(
-                    self._secret,
-                    kind="heartbeat",
-                    seq=self._heartbeat_seq,
-                    rank=rank,
-                    session=self._session_id,
+                    self._secret, kind="heartbeat", seq=self._heartbeat_seq, rank=rank, session=self._session_id
                 )
                 try:
-                    # Never queue heartbeats behind a stalled peer: drop this beat instead.
-                    self._send([event_identity(rank), *frames])
+                    with self._socket_lock:
+                        if self._closed:
+                            return
+                        # Never queue heartbeats behind a stalled peer: drop this beat instead.
+                        sock.send_multipart([event_identity(rank), *frames], flags=zmq.DONTWAIT)
                 except zmq.ZMQError as exc:
                     if self._closed or exc.errno in (zmq.ETERM, zmq.ENOTSOCK):
                         return
                     logger.debug("heartbeat to rank %d not sent: %s", rank, exc)
-            await asyncio.sleep(self._heartbeat_interval_s)
+            # The send may have consumed the FD's edge while a reply waits: let the loop look (when it runs).
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                loop.call_soon_threadsafe(self._drain)
 
 
 _rank_logger = logging.getLogger("rlsdk.control.rank")
