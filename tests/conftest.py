@@ -16,6 +16,9 @@ from rlsdk.config import (
     TrainConfig,
 )
 
+# A user's project with its own conftest and pytest settings; tests/testing/test_example_project.py runs it.
+collect_ignore = ["example_project"]
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -72,3 +72,21 @@ def run_gloo_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_
                 proc.kill()
                 proc.join()
     return [results[r] for r in range(world_size)]
+
+
+def _init_group_then_call(rank: int, world_size: int, fn: Callable[..., Any], backend: str, *args: Any) -> Any:
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, rank=rank, world_size=world_size)  # env://, set by _entry
+    return fn(rank, world_size, *args)
+
+
+def run_in_process_group(
+    fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo", timeout_s: float = 120.0
+) -> list[Any]:
+    """``run_gloo_ranks`` with the default process group (``backend``) initialised on every rank first.
+
+    ``fn(rank, world_size, *args)`` may call collectives on the default group at once; the group is destroyed
+    when ``fn`` returns or raises. Returns the results by rank; a rank's exception is re-raised naming the rank.
+    """
+    return run_gloo_ranks(_init_group_then_call, world_size, fn, backend, *args, timeout_s=timeout_s)
