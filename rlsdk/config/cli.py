@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rlsdk.config.deprecations import upgrade_cli_args
 from rlsdk.config.errors import ConfigError
 from rlsdk.config.io import merge_overrides, read_yaml_mapping
 from rlsdk.config.session import SessionConfig
@@ -40,6 +41,7 @@ def parse_cli(
     import tyro
 
     config_paths, rest = _split_config_args(args)
+    rest = upgrade_cli_args(type(default), rest)  # deprecated flags still work, with a warning
     for path in config_paths:
         try:
             default = merge_overrides(default, read_yaml_mapping(path))

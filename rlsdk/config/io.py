@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from rlsdk.config.deprecations import upgrade_mapping
 from rlsdk.config.errors import ConfigError
 from rlsdk.config.session import SessionConfig
 
@@ -60,6 +61,8 @@ def config_from_dict(cls: type[T], data: Mapping[str, Any], *, path: str = "") -
     """
     if not isinstance(data, Mapping):
         raise ConfigError(path or cls.__name__, data, f"a mapping of {cls.__name__} fields")
+    if not path:  # the root: deprecated keys (rlsdk.config.deprecations) move to their replacements, warning
+        data = upgrade_mapping(cls, data)
     hints = typing.get_type_hints(cls)
     fields = [f for f in dataclasses.fields(cls) if f.init]
     names = [f.name for f in fields]
@@ -105,7 +108,7 @@ def merge_overrides(cfg: T, overrides: Mapping[str, Any]) -> T:
     for an unknown key, naming its dotted path and suggesting the closest valid key.
     """
     data = config_to_dict(cfg)
-    _merge_into(data, overrides, path="")
+    _merge_into(data, upgrade_mapping(type(cfg), overrides), path="")
     return config_from_dict(type(cfg), data)
 
 
