@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 PYTEST_ARGS ?=
 
-.PHONY: run test lint format bench hooks clean
+.PHONY: run test lint format bench hooks clean docs compat
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,7 @@ test: $(VENV)/.stamp-dev
 lint: $(VENV)/.stamp-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python -m rlsdk.testing.lint rlsdk
 
 format: $(VENV)/.stamp-dev
 	$(BIN)/ruff format .
@@ -37,6 +38,18 @@ format: $(VENV)/.stamp-dev
 
 bench: $(VENV)/.stamp-dev
 	$(BIN)/python benchmarks/session_overhead.py $(ARGS)
+
+$(VENV)/.stamp-docs: pyproject.toml $(VENV)/.stamp-base
+	$(PIP) install -q -e ".[docs]"
+	touch $@
+
+# The docs site (mkdocs.yml): the config, CLI and benchmark pages are generated during the build (docs/hooks.py).
+docs: $(VENV)/.stamp-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# Rewrite the public-surface snapshot after a deliberate change (tests/compat/test_compat.py guards it).
+compat: $(VENV)/.stamp-base
+	$(BIN)/python -m rlsdk.compat update
 
 hooks: $(VENV)/.stamp-dev
 	$(BIN)/pre-commit install
