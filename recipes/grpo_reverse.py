@@ -6,6 +6,10 @@ The loop is rollout -> reward -> update -> sync, one optimizer step per rollout 
 ``max_staleness = 0``). Departures from the GRPO paper (Shao et al. 2024, DeepSeekMath):
 - the loss is a token-level mean over all completion tokens of the batch (as in DAPO), not a per-sequence mean;
 - no KL penalty by default (``algorithm.kl_coef = 0``), as in DAPO and Dr. GRPO;
+- advantages are group-centred rewards NOT divided by the group std (``algorithm.scale_rewards = False``, as in
+  Dr. GRPO, Liu et al. 2025). Measured on this task (seeds 0/1/2, 2 ranks): with std scaling seed 0 plateaued at
+  mean reward ~0.85 for 2000 steps (the policy stopped emitting one digit); without it seeds 0/1/2 reached 0.9 in
+  973/526/748 steps;
 - one policy update per batch, so the PPO ratio is ~1 and clipping only guards against engine/trainer drift;
 - training stops early once the moving mean reward reaches ``train.target_reward``.
 """
@@ -19,6 +23,7 @@ from tqdm.auto import tqdm
 
 from rlsdk import Session
 from rlsdk.config import (
+    AlgorithmConfig,
     DataConfig,
     ModelConfig,
     ObserveConfig,
@@ -36,9 +41,11 @@ def config() -> SessionConfig:
     return SessionConfig(
         model=ModelConfig(path=DEFAULT_MODEL),
         train=TrainConfig(lr=1e-3, max_steps=2000, target_reward=0.9, micro_batch_size=128),
+        algorithm=AlgorithmConfig(scale_rewards=False),
         rollout=RolloutConfig(group_size=16, max_new_tokens=5, temperature=1.0),
         data=DataConfig(prompts_per_step=16, min_digits=3, max_digits=3),
-        observe=ObserveConfig(output_dir="outputs/grpo_reverse", console=False),
+        # One output root per run, so TensorBoard curves and checkpoints of separate runs never mix.
+        observe=ObserveConfig(output_dir=f"outputs/grpo_reverse/{time.strftime('%Y%m%d-%H%M%S')}", console=False),
     )
 
 
