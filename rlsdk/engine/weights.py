@@ -23,5 +23,6 @@ def state_dict_checksum(state_dict: Mapping[str, torch.Tensor]) -> str:
         digest.update(name.encode())
         digest.update(str(tensor.dtype).encode())
         digest.update(str(tuple(tensor.shape)).encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        # hashlib reads the array's buffer directly (no bytes copy) and releases the GIL for large buffers.
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else b"")
     return digest.hexdigest()

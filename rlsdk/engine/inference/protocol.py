@@ -61,7 +61,13 @@ class InferenceEngine(Protocol):
         ...
 
     async def load_weights(self, path: str, version: int) -> WeightInfo:
-        """Load the weights published at ``path`` and serve them as ``version``; returns what it now serves."""
+        """Load the weights published at ``path`` and serve them as ``version``; returns what it now serves.
+
+        Same semantics on every engine: generations already submitted finish on the old weights, later ones
+        run on the new weights (the embedded engine serialises on its worker thread; vLLM pauses with
+        ``mode=wait`` and always resumes). ``WeightInfo.checksum`` is ``state_dict_checksum`` of the loaded
+        weights under the trainer's names.
+        """
         ...
 
     async def weight_info(self) -> WeightInfo:

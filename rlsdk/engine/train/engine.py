@@ -23,8 +23,14 @@ logger = get_logger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# Order of the per-step metric sums packed into one tensor (one host sync per step).
-_SUM_KEYS = ("loss_sum", "clipped_tokens", "ratio_sum", "kl_sum", "entropy_sum", "tokens")
+# Order of the per-step metric sums packed into one tensor (one host sync per step). The controller adds the
+# sums over ranks and takes the maximum of the _MAX_KEYS over ranks.
+_SUM_KEYS = (
+    "loss_sum", "clipped_tokens", "ratio_sum", "kl_sum", "entropy_sum", "tokens",
+    "logprob_absdiff_sum", "ratio_dev_sq_sum",
+)  # fmt: skip
+# Trainer-vs-engine agreement extremes; the ratio minimum is packed negated so that every entry is a maximum.
+_MAX_KEYS = ("logprob_absdiff_max", "ratio_max", "neg_ratio_min")
 
 
 class TrainEngine:
@@ -79,7 +85,7 @@ class TrainEngine:
         self.version += 1
         set_log_context(version=self.version)
         values = torch.cat([sums, torch.as_tensor(grad_norm, dtype=torch.float64).reshape(1)]).tolist()
-        result: dict[str, Any] = dict(zip((*_SUM_KEYS, "grad_norm"), values))
+        result: dict[str, Any] = dict(zip((*_SUM_KEYS, *_MAX_KEYS, "grad_norm"), values))
         result.update(
             version=self.version,
             seconds=time.perf_counter() - start,
@@ -96,7 +102,14 @@ class TrainEngine:
         micro-batch synchronises gradients. ``num_tokens_global`` is the completion-token count of the whole
         batch across ranks; each rank divides by ``num_tokens_global / world_size`` because DDP averages
         gradients, so the result is the gradient of the global token-mean loss. Returns the metric sums
-        (``_SUM_KEYS`` order) as one float64 tensor, still on the device.
+        (``_SUM_KEYS`` order) followed by the maxima (``_MAX_KEYS`` order) as one float64 tensor, still on the
+        device.
+
+        Logprob agreement: every forward here runs on the weights the engine served for an on-policy batch (the
+        optimizer steps only after the last micro-batch), so ``|logprobs - behaviour logprobs|`` and the
+        importance ratio ``exp(logprobs - behaviour logprobs)`` measure trainer-vs-engine disagreement (plus the
+        policy lag of samples older than the trainer's version). They are computed from tensors the loss
+        already needs, on the device, with no extra host sync.
         """
         cfg = self.config
         expected = {"prompt_ids_B_P", "prompt_mask_B_P", "completion_ids_B_C", "completion_mask_B_C",
@@ -110,6 +123,7 @@ class TrainEngine:
         denom = num_tokens_global / self.accelerator.num_processes
         self.model.train()
         sums = torch.zeros(len(_SUM_KEYS), dtype=torch.float64)
+        maxima = torch.full((len(_MAX_KEYS),), float("-inf"), dtype=torch.float64)
         starts = list(range(0, batch_size, micro))
         for index, lo in enumerate(starts):
             mb = {name: tensor[lo : lo + micro] for name, tensor in shard.items()}
@@ -150,6 +164,23 @@ class TrainEngine:
                 self.accelerator.backward(loss)
             mask_B_C = mb["completion_mask_B_C"]
             entropy_sum = (entropy_B_C.detach() * mask_B_C).sum() if entropy_B_C is not None else torch.zeros(())
+            with torch.no_grad():
+                valid_B_C = mask_B_C.bool()
+                log_ratio_B_C = logprobs_B_C.detach().double() - mb["logprobs_B_C"].double()
+                absdiff_B_C = torch.where(valid_B_C, log_ratio_B_C.abs(), 0.0)
+                ratio_B_C = torch.where(valid_B_C, log_ratio_B_C.exp(), 0.0)
+                ratio_dev_B_C = torch.where(valid_B_C, log_ratio_B_C.expm1(), 0.0)  # ratio - 1, no cancellation
+                neg_inf = torch.tensor(float("-inf"), dtype=torch.float64)
+                maxima = torch.maximum(
+                    maxima,
+                    torch.stack(
+                        [
+                            torch.where(valid_B_C, absdiff_B_C, neg_inf).max(),
+                            torch.where(valid_B_C, ratio_B_C, neg_inf).max(),
+                            torch.where(valid_B_C, -ratio_B_C, neg_inf).max(),
+                        ]
+                    ),
+                )
             sums += torch.stack(
                 [
                     metrics["loss_sum"].detach().double(),
@@ -158,9 +189,11 @@ class TrainEngine:
                     metrics["kl_sum"].detach().double(),
                     entropy_sum.double(),
                     metrics["tokens"].detach().double(),
+                    absdiff_B_C.sum(),
+                    (ratio_dev_B_C * ratio_dev_B_C).sum(),
                 ]
             )
-        return sums
+        return torch.cat([sums, maxima])
 
     def weight_info(self) -> dict[str, Any]:
         return {"version": self.version, "checksum": state_dict_checksum(self.unwrapped.state_dict())}

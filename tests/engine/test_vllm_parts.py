@@ -1,0 +1,133 @@
+"""The parts of the vLLM engine that need no vLLM: config, server command line, checksum of published weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlsdk.config import ConfigError, InferenceConfig, SessionConfig, config_from_dict, config_to_dict
+
+
+def test_inference_config_accepts_vllm_with_server_options_and_round_trips_through_dict() -> None:
+    config = InferenceConfig(engine="vllm", kv_cache_gib=2, max_model_len=64, extra_server_args=["--seed", "1"])
+
+    assert config.extra_server_args == ("--seed", "1")
+    restored = config_from_dict(SessionConfig, {"model": {"path": "m"}, "inference": config_to_dict(config)})
+    assert restored.inference == config
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"engine": "vllm", "url": "127.0.0.1:8000"}, "InferenceConfig.url"),
+        ({"engine": "embedded", "url": "http://127.0.0.1:8000"}, "InferenceConfig.url"),
+        ({"engine": "vllm", "kv_cache_gib": 0}, "InferenceConfig.kv_cache_gib"),
+        ({"engine": "vllm", "max_model_len": 0}, "InferenceConfig.max_model_len"),
+        ({"engine": "vllm", "sync_timeout_s": 0.0}, "InferenceConfig.sync_timeout_s"),
+        ({"logprob_warn_threshold": 0.0}, "InferenceConfig.logprob_warn_threshold"),
+        ({"extra_server_args": ["--seed", 1]}, "InferenceConfig.extra_server_args"),
+        ({"engine": "sglang"}, "InferenceConfig.engine"),
+    ],
+)
+def test_inference_config_with_bad_value_raises_config_error_naming_the_field(kwargs: dict, field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        InferenceConfig(**kwargs)
+
+    assert info.value.field == field
+
+
+def test_server_command_serves_fp32_token_in_out_with_rlsdk_worker_extension() -> None:
+    from rlsdk.engine.inference.vllm_server import WORKER_EXTENSION, server_command, server_environment
+
+    cmd = server_command("/m", 1234, max_model_len=64, extra_args=["--seed", "1"])
+    env = server_environment({"PATH": "/bin"}, kv_cache_gib=3)
+
+    assert cmd[1:3] == ["-m", "rlsdk.launch.pdeathsig"]
+    assert "vllm.entrypoints.openai.api_server" in cmd
+    for flag in ("--no-enable-chunked-prefill", "--enforce-eager", "--enable-scale-out"):
+        assert flag in cmd
+    for flag, value in (("--dtype", "float32"), ("--host", "127.0.0.1"), ("--port", "1234"),
+                        ("--max-model-len", "64"), ("--logprobs-mode", "processed_logprobs"),
+                        ("--worker-extension-cls", WORKER_EXTENSION)):  # fmt: skip
+        assert cmd[cmd.index(flag) + 1] == value
+    assert cmd[-2:] == ["--seed", "1"]
+    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_NO_USAGE_STATS"] == "1" and env["PATH"] == "/bin"
+
+
+def test_published_weights_checksum_in_the_server_equals_the_trainers_state_dict_checksum_with_tied_weights(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM
+
+    from rlsdk.engine.inference.vllm_worker import read_published_weights
+    from rlsdk.engine.weights import state_dict_checksum
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    path = tmp_path / "v1.safetensors"
+    save_model(model, str(path))  # stores one of the tied embedding/lm_head names, the other in its metadata
+
+    tensors, state_dict = read_published_weights(str(path))
+
+    assert len(tensors) == len(model.state_dict()) - 1
+    assert set(state_dict) == set(model.state_dict())
+    assert state_dict_checksum(state_dict) == state_dict_checksum(model.state_dict())
+
+
+def test_cpu_head_size_check_rejects_the_default_tiny_policy_and_names_the_fix(tiny_model_dir: Path) -> None:
+    from rlsdk.engine.inference.vllm import check_cpu_head_size
+
+    head_dim = json.loads((tiny_model_dir / "config.json").read_text())["hidden_size"] // 4
+
+    with pytest.raises(ValueError, match=rf"head_dim={head_dim}.*num_heads=2"):
+        check_cpu_head_size(tiny_model_dir)
+
+
+def test_nccl_weight_transfer_is_a_documented_stub_naming_the_gpu_path() -> None:
+    from rlsdk.engine.inference.weight_transfer import NcclWeightTransfer
+
+    with pytest.raises(NotImplementedError, match="NCCL"):
+        NcclWeightTransfer()
+
+
+def test_session_config_with_vllm_and_bf16_model_raises_config_error_naming_model_dtype() -> None:
+    from rlsdk.config import ModelConfig
+
+    with pytest.raises(ConfigError) as info:
+        SessionConfig(model=ModelConfig(path="m", dtype="bfloat16"), inference=InferenceConfig(engine="vllm"))
+
+    assert info.value.field == "model.dtype" and "vllm" in str(info.value)
+
+
+def test_vllm_sync_that_times_out_raises_naming_version_server_and_cause_and_still_resumes() -> None:
+    import asyncio
+
+    httpx = pytest.importorskip("httpx", reason="httpx comes with the vllm extra")
+    from rlsdk.engine.inference.vllm import VLLMEngine, WeightSyncError
+
+    calls: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if request.url.path == "/collective_rpc":
+            raise httpx.ReadTimeout("no answer", request=request)
+        return httpx.Response(200, json={})
+
+    async def scenario() -> WeightSyncError:
+        engine = VLLMEngine("http://127.0.0.1:9", pad_token_id=0, sync_timeout_s=0.5)
+        engine._client = httpx.AsyncClient(base_url=engine.url, transport=httpx.MockTransport(handler))
+        try:
+            with pytest.raises(WeightSyncError) as info:
+                await engine.load_weights("/dev/shm/v7.safetensors", 7)
+        finally:
+            await engine.close()
+        return info.value
+
+    error = asyncio.run(scenario())
+
+    assert "v7" in str(error) and "http://127.0.0.1:9" in str(error) and "timed out" in str(error)
+    assert calls == ["/pause", "/collective_rpc", "/resume"]
