@@ -36,7 +36,7 @@ _DROP_WARN_EVERY = 1000
 
 _ALLOWED_KINDS = {
     "cmd": frozenset({"hello", "result", "error"}),
-    "evt": frozenset({"log", "heartbeat"}),
+    "evt": frozenset({"log", "heartbeat", "reply"}),
 }
 
 
@@ -124,6 +124,8 @@ class ControllerChannel:
         self._rank_waiters: set[asyncio.Future[None]] = set()
         self._failure: BaseException | None = None
         self._drain_scheduled = False
+        self._queries: dict[int, tuple[asyncio.Future[None], dict[int, Any], int]] = {}
+        self._query_seq = 0
         self.dropped_messages = 0
         """Messages dropped since start: bad signature, wrong session, malformed frames or unknown peer."""
 
@@ -417,6 +419,49 @@ class ControllerChannel:
                 ) from exc
         return await pending.future
 
+    async def query_events(self, name: str, timeout_s: float, body: Any = None) -> dict[int, Any]:
+        """Ask every registered rank's event thread for ``name`` (see ``RankChannel.set_query_handler``).
+
+        Runs beside a pending :meth:`broadcast` (queries do not take the command lock), so it answers while
+        the ranks' main threads are blocked. Returns ``{rank: value}`` for the ranks that answered within
+        ``timeout_s``; a rank whose handler raised maps to a ``ControlError``; silent ranks are absent.
+        """
+        self._check_usable()
+        assert self._loop is not None
+        self._query_seq += 1
+        seq = self._query_seq
+        ranks = sorted(self._ranks)
+        done: asyncio.Future[None] = self._loop.create_future()
+        answers: dict[int, Any] = {}
+        self._queries[seq] = (done, answers, len(ranks))
+        try:
+            payload = protocol.dumps_body(body)
+            for rank in ranks:
+                frames = protocol.encode(
+                    self._secret, kind="query", seq=seq, rank=rank, session=self._session_id,
+                    extra={"query": name}, payload=payload,
+                )  # fmt: skip
+                try:
+                    self._send([event_identity(rank), *frames])
+                except zmq.ZMQError as exc:
+                    logger.debug("query %r not sent to rank %d: %s", name, rank, exc)
+            if ranks:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(done), timeout_s)
+        finally:
+            self._queries.pop(seq, None)
+        return dict(sorted(answers.items()))
+
+    def _on_query_reply(self, message: protocol.Message) -> None:
+        entry = self._queries.get(message.seq)
+        if entry is None:
+            return
+        done, answers, expected = entry
+        body = message.body if isinstance(message.body, dict) else {}
+        answers[message.rank] = body.get("value") if body.get("ok") else ControlError(str(body.get("error")))
+        if len(answers) >= expected and not done.done():
+            done.set_result(None)
+
     # ------------------------------------------------------------------ internals
 
     def _check_usable(self) -> None:
@@ -523,6 +568,8 @@ class ControllerChannel:
             self._on_reply(message.rank, message.seq, None, self._rank_error(message))
         elif message.kind == "heartbeat":
             self._on_heartbeat(message)
+        elif message.kind == "reply":
+            self._on_query_reply(message)
         else:
             self._on_log_message(message)
 

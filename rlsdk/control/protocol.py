@@ -72,8 +72,10 @@ DEFAULT_HEARTBEAT_INTERVAL_S = 1.0
 # the controller's heartbeats; ranks must not kill themselves because a user ran a slow cell.
 DEFAULT_HEARTBEAT_TIMEOUT_S = 60.0
 
-KINDS = frozenset({"hello", "command", "result", "error", "log", "heartbeat", "shutdown"})
-"""Every message kind the protocol knows."""
+KINDS = frozenset({"hello", "command", "result", "error", "log", "heartbeat", "shutdown", "query", "reply"})
+"""Every message kind the protocol knows. ``query`` (controller -> a rank's event socket, header ``"query":
+name``) asks the rank's event thread for state, e.g. the collective tracer's records, and is answered with a
+``reply`` of the same seq; it works while the rank's main thread is blocked in a collective."""
 
 PICKLE_PROTOCOL = 5
 SIGNATURE_BYTES = hashlib.sha256().digest_size

@@ -125,6 +125,7 @@ class RankChannel:
         self._last_controller_heartbeat = time.monotonic()
         self._controller_lost = False
         self._unsent_logs: list[dict[str, Any]] = []
+        self._query_handlers: dict[str, Callable[[Any], Any]] = {}
         self.dropped_messages = 0
         """Incoming messages dropped: bad signature, wrong session or rank, malformed or replayed."""
         self.dropped_logs = 0
@@ -452,10 +453,36 @@ class RankChannel:
             except ProtocolError as exc:
                 self._drop(f"{type(exc).__name__}: {exc}")
                 continue
+            if message.kind == "query" and message.rank == self.rank:
+                self._answer_query(message)
+                continue
             if message.kind != "heartbeat" or message.rank != self.rank:
                 self._drop(f"unexpected {message.kind!r} message for rank {message.rank} on the event socket")
                 continue
             self._last_controller_heartbeat = time.monotonic()
+
+    def set_query_handler(self, name: str, handler: Callable[[Any], Any]) -> None:
+        """Answer the controller's ``query`` messages named ``name`` with ``handler(body)`` (picklable).
+
+        The handler runs on the event thread, so it answers while the main thread is blocked (in a collective,
+        say); it must be quick and must not take locks the main thread may hold.
+        """
+        self._query_handlers[name] = handler
+
+    def _answer_query(self, message: protocol.Message) -> None:
+        name = message.header.get("query")
+        handler = self._query_handlers.get(name) if isinstance(name, str) else None
+        try:
+            if handler is None:
+                raise KeyError(f"no handler for query {name!r} on rank {self.rank}")
+            body: Any = {"ok": True, "value": handler(message.body)}
+        except Exception as exc:
+            body = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        frames = self._encode("reply", message.seq, body)
+        sock = self._event_socket
+        if sock is not None:
+            with contextlib.suppress(zmq.Again):
+                sock.send_multipart(frames, zmq.NOBLOCK)
 
     def _ship_logs(self, deadline: float | None) -> None:
         """Send queued records in batches until the queue is empty or the event socket is full.

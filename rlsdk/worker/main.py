@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from rlsdk.debug.tracer import set_command
 from rlsdk.launch.pdeathsig import set_parent_death_signal
 from rlsdk.observe.logging import get_logger, install_rank_logging, set_log_context
 
@@ -39,6 +40,7 @@ class Worker:
             "export_weights": self.export_weights,
             "save_checkpoint": self.save_checkpoint,
             "raise": self.raise_error,
+            "call_function": self.call_function,
         }
 
     def _require_engine(self) -> Any:
@@ -52,6 +54,15 @@ class Worker:
     def raise_error(self, body: dict[str, Any]) -> None:
         """Raise the given message (tests use it to check error reporting)."""
         raise RuntimeError(body.get("message", "requested error"))
+
+    def call_function(self, body: dict[str, Any]) -> Any:
+        """Run ``module:function(worker, **kwargs)`` from ``body["target"]`` / ``body["kwargs"]`` on every rank
+        (a custom rank command, e.g. a debugging probe; the module must be importable on the ranks)."""
+        import importlib
+
+        module_name, _, function_name = str(body["target"]).partition(":")
+        function = getattr(importlib.import_module(module_name), function_name)
+        return function(self, **body.get("kwargs", {}))
 
     def init(self, body: dict[str, Any]) -> dict[str, Any]:
         from rlsdk.config import SessionConfig, config_from_dict
@@ -96,7 +107,7 @@ def main() -> None:
     try:
         from accelerate import Accelerator
 
-        accelerator = Accelerator(cpu=True)
+        accelerator = Accelerator(cpu=True, kwargs_handlers=_process_group(channel))
         if accelerator.process_index != rank or accelerator.num_processes != world_size:
             raise RuntimeError(
                 f"accelerate reports rank {accelerator.process_index}/{accelerator.num_processes}, "
@@ -123,6 +134,7 @@ def _serve(channel: Any, worker: Worker) -> None:
             return
         handler = worker.handlers.get(command.name)
         channel.set_current(command.name, command.seq)
+        set_command(command.name, command.seq)
         try:
             if handler is None:
                 raise ValueError(f"unknown command {command.name!r}; known: {sorted(worker.handlers)}")
@@ -134,6 +146,30 @@ def _serve(channel: Any, worker: Worker) -> None:
             channel.send_result(command.seq, result)
         finally:
             channel.set_current(None, None)
+            set_command(None, None)
+
+
+def _process_group(channel: Any) -> list[Any]:
+    """Create the default process group before accelerate does: on the ``traced`` backend when
+    ``RLSDK_TRACER=1`` (accelerate refuses other backend names but uses an existing group), with the
+    ``RLSDK_PG_TIMEOUT_S`` timeout. Returns accelerate's kwargs handlers for the untraced case."""
+    timeout_text = os.environ.get("RLSDK_PG_TIMEOUT_S", "")
+    timeout_s = float(timeout_text) if timeout_text else None
+    from rlsdk.debug.rank import install_trace_query
+
+    install_trace_query(channel)  # stacks of every thread, with or without the tracer
+    if os.environ.get("RLSDK_TRACER") == "1":
+        from rlsdk.debug.tracer import init_traced_process_group
+
+        init_traced_process_group(timeout_s)
+        return []
+    if timeout_s is None:
+        return []
+    import datetime
+
+    from accelerate.utils import InitProcessGroupKwargs
+
+    return [InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=timeout_s))]
 
 
 def _shutdown(channel: Any) -> None:

@@ -1,0 +1,543 @@
+"""Collective tracer: a ``traced`` c10d backend that records every collective and point-to-point call.
+
+Why a backend and not a wrapper of the public ``torch.distributed`` functions: DDP's reducer and FSDP2 call the
+process group from C++, so a Python function wrapper never sees their all-reduces (measured on torch 2.13). A
+Python subclass of ``dist.ProcessGroup`` that c10d creates as the group itself is reached by those C++ callers
+too. It holds a ``ProcessGroupGloo`` and forwards each method after appending one record to a bounded ring
+buffer; the recording costs a few microseconds (no traceback: one ``sys._getframe`` walk whose per-code-object
+decisions are cached).
+
+Use ``install()`` once per process, then ``dist.init_process_group(backend="traced", ...)`` (or call
+:func:`init_traced_process_group`). Subgroups created with ``new_group(backend="traced")`` get their own
+sequence counters. :func:`snapshot` returns plain dicts (picklable, JSON-able) that the event thread of the
+control channel sends to the controller while the main thread is blocked inside a collective.
+"""
+
+from __future__ import annotations
+
+import datetime
+import marshal
+import os
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = [
+    "BACKEND",
+    "FIELDS",
+    "Tracer",
+    "get_tracer",
+    "init_traced_process_group",
+    "install",
+    "read_tail",
+    "set_command",
+    "snapshot",
+    "thread_stacks",
+]
+
+BACKEND = "traced"
+"""Name of the c10d backend the tracer registers."""
+
+FIELDS = (
+    "group",  # process group name ("0" is WORLD)
+    "seq",  # per-group sequence number of collectives; p2p calls are counted apart
+    "p2p",  # True for send/recv
+    "op",  # c10d method name: allreduce, broadcast, allgather, _allgather_base, send, recv, barrier, ...
+    "shapes",  # input tensor shapes, a tuple of tuples
+    "dtypes",  # input tensor dtypes, a tuple of strings
+    "reduce_op",  # SUM/MAX/... or None
+    "root",  # broadcast/reduce/gather/scatter source or destination (group rank), p2p peer; else None
+    "command",  # Session command running on this rank (None outside commands)
+    "command_seq",  # that command's sequence number
+    "site",  # "file:line" of the first frame outside torch and rlsdk internals
+    "stack",  # up to 4 "file:line in function" frames above the call site, innermost first
+    "t_start",  # time.monotonic() when the call was issued
+    "t_end",  # when the call was seen completed (None: not completed when the snapshot was taken)
+)
+"""Field names of a record, in order (records are tuples internally and dicts in snapshots)."""
+
+_T_END = FIELDS.index("t_end")
+TAIL_SLOTS = 16
+"""Records mirrored into the crash-safe tail file."""
+_TAIL_SLOT_BYTES = 1024
+_STACK_DEPTH = 4
+
+
+def _internal_prefixes() -> tuple[str, ...]:
+    import torch
+
+    prefixes = [os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep]
+    for name in ("accelerate", "transformers"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            prefixes.append(os.path.dirname(module.__file__) + os.sep)
+    return tuple(prefixes)
+
+
+class Tracer:
+    """The per-process record buffer. One exists per process (:func:`get_tracer`).
+
+    Args:
+        capacity: records kept; older ones are dropped (a ring buffer), >= 1.
+    """
+
+    def __init__(self, capacity: int = 4096) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity={capacity!r} is invalid: allowed >= 1")
+        self.records: deque[list[Any]] = deque(maxlen=capacity)
+        self.capacity = capacity
+        self.enabled = True
+        self.command: tuple[str | None, int | None] = (None, None)
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.groups: dict[str, dict[str, Any]] = {}
+        self._seq: dict[tuple[str, bool], int] = {}
+        self._internal: dict[Any, bool] = {}  # code object -> "inside torch/rlsdk internals"
+        self._prefixes: tuple[str, ...] | None = None
+        self.errors: list[str] = []
+        self._tail: Any = None
+        self._tail_index = -1
+        # (record, Work) of the latest calls: completion is polled; holding Work keeps its tensors alive, so the
+        # bound is small.
+        self.polled: deque[tuple[list[Any], Any]] = deque(maxlen=64)
+
+    # ------------------------------------------------------------------ recording (hot path)
+
+    def _is_internal(self, code: Any) -> bool:
+        internal = self._internal.get(code)
+        if internal is None:
+            if self._prefixes is None:
+                self._prefixes = _internal_prefixes()
+            filename = code.co_filename
+            internal = filename.startswith(self._prefixes) or filename.startswith("<")
+            self._internal[code] = internal
+        return internal
+
+    def record(
+        self,
+        group: str,
+        p2p: bool,
+        op: str,
+        tensors: Sequence[Any],
+        reduce_op: str | None,
+        root: int | None,
+    ) -> list[Any]:
+        """Append one record and return it (the caller fills ``t_end`` on completion)."""
+        key = (group, p2p)
+        seq = self._seq.get(key, 0) + 1
+        self._seq[key] = seq
+        frame = sys._getframe(2)
+        is_internal = self._is_internal
+        while frame is not None and is_internal(frame.f_code):
+            frame = frame.f_back
+        if frame is None:
+            site = "?"
+            stack: tuple[Any, ...] = ()
+        else:
+            site = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+            # Only references here; text is built at snapshot time, off the hot path.
+            frames = []
+            outer = frame.f_back
+            while outer is not None and len(frames) < _STACK_DEPTH - 1:
+                frames.append((outer.f_code, outer.f_lineno))
+                outer = outer.f_back
+            stack = (frame.f_code.co_name, *frames)
+        command, command_seq = self.command
+        rec = [
+            group,
+            seq,
+            p2p,
+            op,
+            tuple(tuple(t.shape) for t in tensors),
+            tuple(str(t.dtype)[6:] for t in tensors),
+            reduce_op,
+            root,
+            command,
+            command_seq,
+            site,
+            stack,
+            time.monotonic(),
+            None,
+        ]
+        self.records.append(rec)
+        if self._tail is not None:
+            self._write_tail(rec)
+        return rec
+
+    def track(self, rec: list[Any], work: Any) -> None:
+        """Remember ``work`` to learn when ``rec`` completes. Completion is polled (here, on the next call, and
+        at snapshot time) rather than signalled by ``work.get_future().then(...)``: a Python callback on gloo's
+        thread costs a GIL hand-off per collective (measured ~100 us added per call), and gloo's send/recv
+        have no future at all. ``t_end`` is therefore "seen completed by", not the exact completion time."""
+        polled = self.polled
+        if polled:
+            last_rec, last_work = polled[-1]
+            if last_rec[_T_END] is None and last_work.is_completed():
+                last_rec[_T_END] = time.monotonic()
+            if len(polled) == polled.maxlen:
+                old_rec, old_work = polled[0]
+                if old_rec[_T_END] is None and old_work.is_completed():
+                    old_rec[_T_END] = time.monotonic()
+        polled.append((rec, work))
+
+    # ------------------------------------------------------------------ crash-safe tail
+
+    def open_tail(self, path: str) -> None:
+        """Mirror the last :data:`TAIL_SLOTS` records (without stacks) into a memory-mapped file at ``path``.
+
+        Gloo aborts a rank (SIGABRT) on a size mismatch within a millisecond of the collective starting, before
+        any thread could ship the record; the page cache keeps what the mapping holds, so the controller can
+        still read the dead rank's last collectives (:func:`read_tail`).
+        """
+        import mmap
+
+        with open(path, "w+b") as file:
+            file.truncate(TAIL_SLOTS * _TAIL_SLOT_BYTES)
+            self._tail = mmap.mmap(file.fileno(), TAIL_SLOTS * _TAIL_SLOT_BYTES)
+
+    def _write_tail(self, rec: list[Any]) -> None:
+        try:
+            data = marshal.dumps((self.rank, *rec[:11], rec[12]))
+        except ValueError:
+            return
+        if len(data) > _TAIL_SLOT_BYTES - 4:
+            return
+        self._tail_index = index = (self._tail_index + 1) % TAIL_SLOTS
+        offset = index * _TAIL_SLOT_BYTES
+        tail = self._tail
+        assert tail is not None
+        tail[offset + 4 : offset + 4 + len(data)] = data
+        tail[offset : offset + 4] = len(data).to_bytes(4, "little")
+
+    # ------------------------------------------------------------------ reading (any thread)
+
+    def snapshot(self) -> dict[str, Any]:
+        """This rank's state as plain data: records (oldest first), groups, the current command, the clock."""
+        now = time.monotonic()
+        for rec, work in list(self.polled):
+            if rec[_T_END] is None and work.is_completed():
+                rec[_T_END] = now  # completed at or before now
+        records = []
+        for rec in list(self.records):  # list(): a consistent copy while the main thread appends
+            item = dict(zip(FIELDS, rec, strict=True))
+            name, *frames = rec[11] or ("?",)
+            item["stack"] = [f"{rec[10]} in {name}"] + [
+                f"{code.co_filename}:{line} in {code.co_name}" for code, line in frames
+            ]
+            records.append(item)
+        return {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "now": now,
+            "wall_time": time.time(),
+            "command": self.command[0],
+            "command_seq": self.command[1],
+            "capacity": self.capacity,
+            "groups": dict(self.groups),
+            "records": records,
+            "errors": list(self.errors[-5:]),
+        }
+
+
+_TRACER: Tracer | None = None
+_LOCK = threading.Lock()
+
+
+def get_tracer() -> Tracer:
+    """The process's tracer (created on first use)."""
+    global _TRACER
+    if _TRACER is None:
+        with _LOCK:
+            if _TRACER is None:
+                _TRACER = Tracer(int(os.environ.get("RLSDK_TRACER_CAPACITY", "4096")))
+    return _TRACER
+
+
+def set_command(name: str | None, seq: int | None) -> None:
+    """Tag later records with the Session command ``name`` / ``seq`` (``None``: between commands)."""
+    get_tracer().command = (name, seq)
+
+
+def snapshot() -> dict[str, Any]:
+    """:meth:`Tracer.snapshot` of this process's tracer."""
+    return get_tracer().snapshot()
+
+
+def read_tail(path: str) -> list[dict[str, Any]]:
+    """Records (oldest first, without stacks or completion times) from a tail file that a rank wrote with
+    :meth:`Tracer.open_tail`; ``[]`` when the file is missing or empty. Readable after the rank died."""
+    try:
+        data = open(path, "rb").read()  # noqa: SIM115 - one short read
+    except OSError:
+        return []
+    records = []
+    for index in range(len(data) // _TAIL_SLOT_BYTES):
+        offset = index * _TAIL_SLOT_BYTES
+        size = int.from_bytes(data[offset : offset + 4], "little")
+        if not 0 < size <= _TAIL_SLOT_BYTES - 4:
+            continue
+        try:
+            rank, *fields, t_start = marshal.loads(data[offset + 4 : offset + 4 + size])
+        except (ValueError, EOFError, TypeError):
+            continue
+        item = dict(zip(FIELDS[:11], fields, strict=True))
+        item.update(rank=rank, stack=[], t_start=t_start, t_end=None, from_tail=True)
+        records.append(item)
+    records.sort(key=lambda item: item["t_start"])
+    return records
+
+
+def thread_stacks() -> dict[str, list[str]]:
+    """Formatted Python stacks of every thread of this process, by ``"name (ident)"``; any thread may call it."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    return {
+        f"{names.get(ident, '?')} ({ident})": [line.rstrip("\n") for line in traceback.format_stack(frame)]
+        for ident, frame in sys._current_frames().items()
+    }
+
+
+# ---------------------------------------------------------------------- the c10d backend
+
+
+_REDUCE_NAMES: dict[Any, str] = {}
+
+
+def _reduce_name(opts: Any) -> str | None:
+    op = getattr(opts, "reduceOp", None)
+    if op is None:
+        return None
+    kind = getattr(op, "op", op)  # ReduceOp wraps RedOpType
+    name = _REDUCE_NAMES.get(kind)
+    if name is None:
+        name = _REDUCE_NAMES[kind] = str(kind).rsplit(".", 1)[-1]
+    return name
+
+
+def _flat(tensors: Any) -> list[Any]:
+    if isinstance(tensors, (list, tuple)):
+        out: list[Any] = []
+        for item in tensors:
+            out.extend(_flat(item)) if isinstance(item, (list, tuple)) else out.append(item)
+        return out
+    return [tensors]
+
+
+def _make_group_class() -> type:
+    import torch.distributed as dist
+
+    class TracedProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
+        """A gloo process group that records each call before forwarding it (see the module docstring)."""
+
+        def __init__(self, gloo: Any, rank: int, size: int, name: str, tracer: Tracer) -> None:
+            super().__init__(rank, size)
+            self._gloo = gloo
+            self._trace_name = name
+            self._tracer = tracer
+
+        def _go(
+            self, op: str, tensors: Any, reduce_op: str | None, root: int | None, call: Callable[[], Any], p2p: bool
+        ) -> Any:
+            tracer = self._tracer
+            if not tracer.enabled:
+                return call()
+            rec = tracer.record(self._trace_name, p2p, op, _flat(tensors), reduce_op, root)
+            try:
+                work = call()
+            except BaseException as exc:
+                rec[_T_END] = time.monotonic()
+                tracer.errors.append(f"{op} seq {rec[1]}: {type(exc).__name__}: {exc}")
+                raise
+            tracer.track(rec, work)
+            return work
+
+        # Each method mirrors the C++ virtual with the same name; options objects pass through unchanged.
+        def allreduce(self, tensors: Any, opts: Any = None) -> Any:
+            opts = opts if opts is not None else dist.AllreduceOptions()
+            return self._go(
+                "allreduce", tensors, _reduce_name(opts), None, lambda: self._gloo.allreduce(tensors, opts), False
+            )
+
+        def allreduce_coalesced(self, tensors: Any, opts: Any) -> Any:
+            return self._go(
+                "allreduce_coalesced",
+                tensors,
+                _reduce_name(opts),
+                None,
+                lambda: self._gloo.allreduce_coalesced(tensors, opts),
+                False,
+            )
+
+        def broadcast(self, tensors: Any, opts: Any = None) -> Any:
+            opts = opts if opts is not None else dist.BroadcastOptions()
+            return self._go(
+                "broadcast", tensors, None, opts.rootRank, lambda: self._gloo.broadcast(tensors, opts), False
+            )
+
+        def reduce(self, tensors: Any, opts: Any) -> Any:
+            return self._go(
+                "reduce", tensors, _reduce_name(opts), opts.rootRank, lambda: self._gloo.reduce(tensors, opts), False
+            )
+
+        def allgather(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+            opts = opts if opts is not None else dist.AllgatherOptions()
+            return self._go("allgather", inputs, None, None, lambda: self._gloo.allgather(outputs, inputs, opts), False)
+
+        def _allgather_base(self, output: Any, input: Any, opts: Any = None) -> Any:
+            opts = opts if opts is not None else dist.AllgatherOptions()
+            return self._go(
+                "_allgather_base", [input], None, None, lambda: self._gloo._allgather_base(output, input, opts), False
+            )
+
+        def allgather_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+            opts = opts if opts is not None else dist.AllgatherOptions()
+            return self._go(
+                "allgather_coalesced",
+                inputs,
+                None,
+                None,
+                lambda: self._gloo.allgather_coalesced(outputs, inputs, opts),
+                False,
+            )
+
+        def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+            opts = opts if opts is not None else dist.AllgatherOptions()
+            return self._go(
+                "allgather_into_tensor_coalesced",
+                inputs,
+                None,
+                None,
+                lambda: self._gloo.allgather_into_tensor_coalesced(outputs, inputs, opts),
+                False,
+            )
+
+        def gather(self, outputs: Any, inputs: Any, opts: Any) -> Any:
+            return self._go(
+                "gather", inputs, None, opts.rootRank, lambda: self._gloo.gather(outputs, inputs, opts), False
+            )
+
+        def scatter(self, outputs: Any, inputs: Any, opts: Any) -> Any:
+            return self._go(
+                "scatter", outputs, None, opts.rootRank, lambda: self._gloo.scatter(outputs, inputs, opts), False
+            )
+
+        def reduce_scatter(self, outputs: Any, inputs: Any, opts: Any) -> Any:
+            return self._go(
+                "reduce_scatter",
+                outputs,
+                _reduce_name(opts),
+                None,
+                lambda: self._gloo.reduce_scatter(outputs, inputs, opts),
+                False,
+            )
+
+        def _reduce_scatter_base(self, output: Any, input: Any, opts: Any) -> Any:
+            return self._go(
+                "_reduce_scatter_base",
+                [input],
+                _reduce_name(opts),
+                None,
+                lambda: self._gloo._reduce_scatter_base(output, input, opts),
+                False,
+            )
+
+        def reduce_scatter_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any) -> Any:
+            return self._go(
+                "reduce_scatter_tensor_coalesced",
+                inputs,
+                _reduce_name(opts),
+                None,
+                lambda: self._gloo.reduce_scatter_tensor_coalesced(outputs, inputs, opts),
+                False,
+            )
+
+        def alltoall_base(self, output: Any, input: Any, output_split: Any, input_split: Any, opts: Any) -> Any:
+            return self._go(
+                "alltoall_base",
+                [input],
+                None,
+                None,
+                lambda: self._gloo.alltoall_base(output, input, output_split, input_split, opts),
+                False,
+            )
+
+        def alltoall(self, outputs: Any, inputs: Any, opts: Any) -> Any:
+            return self._go("alltoall", inputs, None, None, lambda: self._gloo.alltoall(outputs, inputs, opts), False)
+
+        def barrier(self, opts: Any = None) -> Any:
+            opts = opts if opts is not None else dist.BarrierOptions()
+            return self._go("barrier", [], None, None, lambda: self._gloo.barrier(opts), False)
+
+        def send(self, tensors: Any, dst: int, tag: int = 0) -> Any:
+            return self._go("send", tensors, None, dst, lambda: self._gloo.send(tensors, dst, tag), True)
+
+        def recv(self, tensors: Any, src: int, tag: int = 0) -> Any:
+            return self._go("recv", tensors, None, src, lambda: self._gloo.recv(tensors, src, tag), True)
+
+        def recv_anysource(self, tensors: Any, tag: int = 0) -> Any:
+            return self._go(
+                "recv_anysource", tensors, None, None, lambda: self._gloo.recv_anysource(tensors, tag), True
+            )
+
+        def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> Any:
+            self._tracer.record(self._trace_name, False, "monitored_barrier", [], None, None)
+            return self._gloo.monitored_barrier(timeout, wait_all_ranks)
+
+        def getBackendName(self) -> str:
+            return BACKEND
+
+    return TracedProcessGroup
+
+
+_GROUP_CLASS: type | None = None
+
+
+def _create(common: Any, _backend_options: Any) -> Any:
+    import torch
+    import torch.distributed as dist
+
+    global _GROUP_CLASS
+    if _GROUP_CLASS is None:
+        _GROUP_CLASS = _make_group_class()
+    tracer = get_tracer()
+    rank, size = common.group_rank, common.group_size
+    gloo = dist.ProcessGroupGloo(common.store, rank, size, common.timeout)
+    name = str(common.group_id)
+    group = _GROUP_CLASS(gloo, rank, size, name, tracer)
+    # Un-overridden methods (and c10d's backend look-ups) reach gloo through the registered backend.
+    group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+    tracer.groups[name] = {"rank": rank, "size": size, "ranks": list(common.global_ranks_in_group or range(size))}
+    return group
+
+
+def install() -> None:
+    """Register the ``traced`` backend with c10d (idempotent). Import-time side effects are avoided on purpose:
+    call this in the rank before creating the process group."""
+    import torch.distributed as dist
+
+    if BACKEND.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+
+
+def init_traced_process_group(timeout_s: float | None = None) -> None:
+    """Create the default (WORLD) process group on the ``traced`` backend from the torchrun environment.
+
+    Call it before ``Accelerator(cpu=True)``: accelerate then uses the existing group (it refuses the backend
+    name itself). ``timeout_s`` is the process-group timeout (``None``: torch's default).
+    """
+    import torch.distributed as dist
+
+    install()
+    kwargs: dict[str, Any] = {}
+    if timeout_s is not None:
+        kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(backend=BACKEND, init_method="env://", **kwargs)
+    tracer = get_tracer()
+    tracer.rank = dist.get_rank()
+    tail_dir = os.environ.get("RLSDK_TRACE_DIR")
+    if tail_dir:
+        os.makedirs(tail_dir, exist_ok=True)
+        tracer.open_tail(os.path.join(tail_dir, f"rank_{tracer.rank}.tail"))

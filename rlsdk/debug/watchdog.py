@@ -1,0 +1,157 @@
+"""Hang watchdog: when a command overruns its deadline, collect every rank's trace and stacks, analyse, report.
+
+The Session uses :class:`WatchedControllerChannel` in place of the plain channel. Its ``broadcast`` waits as
+before; every ``hang_timeout_s`` without an answer it asks each rank's event thread for its tracer state and
+thread stacks (a ``trace`` query, answered while the main thread is blocked in a collective), runs
+:func:`rlsdk.debug.analyze.analyze`, and:
+
+- no divergence (the command is just long) or a straggler: logs it and keeps waiting;
+- a desync (missing/extra collective, a mismatch, a crashed rank): writes the report under
+  ``OUTPUT/traces/<time>-<command>/``, logs it, and raises :class:`CollectiveHangError` (``hang_policy="raise"``)
+  or keeps waiting (``"wait"``). It never waits forever on its own account: the ranks' process-group timeout
+  (``launch.pg_timeout_s``) ends a stuck collective with an error on the rank.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rlsdk.control.controller import ControllerChannel
+from rlsdk.debug.analyze import TraceReport, analyze, to_flight_recorder
+from rlsdk.debug.rank import TRACE_QUERY
+from rlsdk.debug.tracer import read_tail
+
+__all__ = ["CollectiveHangError", "WatchedControllerChannel", "collect_states", "save_report"]
+
+logger = logging.getLogger("rlsdk.debug")
+
+
+class CollectiveHangError(RuntimeError):
+    """A command overran its deadline and the ranks' collectives diverged.
+
+    Attributes:
+        report: the :class:`~rlsdk.debug.analyze.TraceReport` (``str(report)`` is the diagnosis).
+        path: where the report was saved (``None`` when it could not be written).
+    """
+
+    def __init__(self, command: str, seconds: float, report: TraceReport, path: Path | None) -> None:
+        self.report = report
+        self.path = path
+        where = f"; saved under {path}" if path is not None else ""
+        super().__init__(
+            f"command {command!r} ran {seconds:.0f} s and the ranks' collectives diverged{where}\n{report}\n"
+            "The ranks stay blocked until launch.pg_timeout_s; close the session to end them now."
+        )
+
+
+async def collect_states(
+    channel: Any,
+    world_size: int,
+    timeout_s: float,
+    *,
+    tail_dir: str | os.PathLike[str] | None = None,
+    exit_codes: Callable[[int], int | None] | None = None,
+) -> dict[int, dict[str, Any]]:
+    """Every rank's ``trace`` answer (tracer snapshot + thread stacks). A rank that does not answer within
+    ``timeout_s`` becomes a crashed-rank entry holding the records of its crash-safe tail file
+    (``tail_dir/rank_N.tail``), when there is one."""
+    answers = await channel.query_events(TRACE_QUERY, timeout_s)
+    states: dict[int, dict[str, Any]] = {}
+    for rank in range(world_size):
+        value = answers.get(rank)
+        if isinstance(value, dict):
+            states[rank] = value
+            continue
+        code = exit_codes(rank) if exit_codes is not None else None
+        detail = f"exit code {code}" if code is not None else f"no answer within {timeout_s:g} s"
+        tail = read_tail(os.path.join(tail_dir, f"rank_{rank}.tail")) if tail_dir else []
+        states[rank] = {"rank": rank, "crashed": True, "detail": detail, "records": tail, "command": None}
+    return states
+
+
+def save_report(report: TraceReport, directory: Path) -> Path:
+    """Write ``rank_N.json`` (state, stacks), ``flight_recorder_rank_N.json`` and ``report.txt`` under
+    ``directory``; ``rlsdk trace show`` reads them back."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for rank, state in report.states.items():
+        (directory / f"rank_{rank}.json").write_text(json.dumps(state, default=str, indent=1))
+        (directory / f"flight_recorder_rank_{rank}.json").write_text(json.dumps(to_flight_recorder(state)))
+    (directory / "report.txt").write_text(str(report) + "\n")
+    return directory
+
+
+class WatchedControllerChannel(ControllerChannel):
+    """A :class:`ControllerChannel` whose ``broadcast`` runs the hang watchdog (see the module docstring).
+
+    Args:
+        hang_timeout_s: seconds before the first check, and between checks; ``None`` turns the watchdog off.
+        hang_policy: ``"raise"`` or ``"wait"`` on a desync.
+        traces_dir: where reports go (``OUTPUT/traces``); ranks' crash-safe tails are read from ``live/``.
+        world_size: number of ranks.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        hang_timeout_s: float | None,
+        hang_policy: str,
+        traces_dir: Path,
+        world_size: int,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.hang_timeout_s = hang_timeout_s
+        self.hang_policy = hang_policy
+        self.traces_dir = Path(traces_dir)
+        self.world_size = world_size
+
+    async def trace(self, *, timeout_s: float = 2.0) -> TraceReport:
+        """Every rank's tracer state and stacks, analysed (see :func:`rlsdk.debug.analyze.analyze`). Ranks that
+        do not answer within ``timeout_s`` are asked once more with 3x the time before they count as crashed."""
+        states = await collect_states(self, self.world_size, timeout_s, tail_dir=self.traces_dir / "live")
+        if any(state.get("crashed") for state in states.values()):
+            states = await collect_states(self, self.world_size, 3 * timeout_s, tail_dir=self.traces_dir / "live")
+        return await asyncio.to_thread(analyze, states)
+
+    async def broadcast(self, command: str, body: Any = None, *, timeout_s: float | None = None) -> list[Any]:
+        if self.hang_timeout_s is None:
+            return await super().broadcast(command, body, timeout_s=timeout_s)
+        task = asyncio.ensure_future(super().broadcast(command, body, timeout_s=timeout_s))
+        start = time.monotonic()
+        seen: set[tuple[Any, ...]] = set()
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self.hang_timeout_s)
+                if done:
+                    return task.result()
+                report = await self.trace()
+                if task.done():
+                    return task.result()
+                div = report.divergence
+                seconds = time.monotonic() - start
+                if div is None or div.kind == "straggler":
+                    logger.warning("command %r still running after %.0f s: %s", command, seconds,
+                                   "no collective divergence" if div is None else div.message)  # fmt: skip
+                    continue
+                key = (div.kind, tuple(div.ranks), div.group, div.seq)
+                path: Path | None = None
+                if key not in seen:
+                    seen.add(key)
+                    stamp = time.strftime("%Y%m%d-%H%M%S")
+                    try:
+                        path = await asyncio.to_thread(save_report, report, self.traces_dir / f"{stamp}-{command}")
+                    except OSError:
+                        logger.exception("could not save the trace report")
+                    logger.error("command %r hangs after %.0f s (report %s):\n%s", command, seconds, path, report)
+                if self.hang_policy == "raise":
+                    raise CollectiveHangError(command, seconds, report, path)
+        finally:
+            if not task.done():
+                task.cancel()

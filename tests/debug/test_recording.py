@@ -1,0 +1,88 @@
+"""The traced backend records user collectives, p2p and DDP's C++ all-reduces on real gloo ranks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rlsdk.testing.distributed import run_gloo_ranks
+
+pytestmark = pytest.mark.distributed
+
+
+def _record_everything(rank: int, world: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from rlsdk.debug import tracer
+
+    tracer.init_traced_process_group()
+    tracer.set_command("update", 7)
+    t = torch.ones(4)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # USER_SITE
+    dist.broadcast(torch.zeros(2, 3, dtype=torch.float64), src=1)
+    if rank == 0:  # p2p pairs are legitimately rank-conditional
+        dist.send(t, 1)  # rlsdk: allow-conditional-collective
+    else:
+        dist.recv(t, 0)  # rlsdk: allow-conditional-collective
+    sub = dist.new_group([0, 1], backend="traced")
+    dist.all_reduce(t, group=sub)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+    model(torch.ones(3, 4)).sum().backward()  # DDP_SITE
+    tracer.set_command(None, None)
+    assert dist.get_world_size() == world
+    return tracer.snapshot()
+
+
+def test_traced_group_records_user_p2p_subgroup_and_ddp_collectives_with_sites() -> None:
+    snaps = run_gloo_ranks(_record_everything, 2)
+
+    for rank, snap in enumerate(snaps):
+        records = snap["records"]
+        world = [r for r in records if r["group"] == "0" and not r["p2p"]]
+        first = world[0]
+        assert (first["op"], first["seq"], first["reduce_op"], first["shapes"]) == ("allreduce", 1, "MAX", ((4,),))
+        assert first["site"].endswith("test_recording.py:23") and (first["command"], first["command_seq"]) == (
+            "update",
+            7,
+        )
+        assert world[1]["op"] == "broadcast" and world[1]["root"] == 1 and world[1]["dtypes"] == ("float64",)
+        p2p = [r for r in records if r["p2p"]]
+        assert [(r["op"], r["seq"], r["root"]) for r in p2p] == [("send" if rank == 0 else "recv", 1, 1 - rank)]
+        sub = [r for r in records if r["group"] not in ("0",) and not r["p2p"]]
+        assert [(r["op"], r["seq"]) for r in sub] == [("allreduce", 1)]
+        ddp = [r for r in world if r["site"].endswith("test_recording.py:32")]
+        assert ddp and ddp[-1]["op"] == "allreduce" and ddp[-1]["shapes"] == ((10,),)  # the gradient bucket
+        assert all(r["t_end"] is not None for r in records)
+        assert [r["seq"] for r in world] == list(range(1, len(world) + 1))
+
+
+def _clean_ddp_steps(rank: int, world: int, steps: int) -> dict[str, Any]:
+    import torch
+
+    from rlsdk.debug import tracer
+
+    tracer.init_traced_process_group()
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 1))
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
+    for _ in range(steps):
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return tracer.snapshot()
+
+
+@pytest.mark.slow  # ~15 s on 2 shared cores
+def test_two_thousand_clean_ddp_steps_give_no_divergence() -> None:
+    from rlsdk.debug.analyze import analyze
+
+    snaps = run_gloo_ranks(_clean_ddp_steps, 2, 2000)
+
+    report = analyze(dict(enumerate(snaps)))
+    assert report.ok, str(report)
+    assert all(len(snap["records"]) >= 2000 for snap in snaps)
