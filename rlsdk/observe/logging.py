@@ -7,10 +7,12 @@ ranks on one stream and writes them per rank under ``OUTPUT/logs/``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -128,10 +130,13 @@ class RankLogRouter:
 
     Files: ``OUTPUT/logs/controller.log``, ``rank_N.log``, ``launcher.log``, ... Records from ranks arrive
     through :meth:`handle` (called by the control channel); the controller's own records through the
-    :class:`logging.Handler` returned by :meth:`controller_handler`.
+    :class:`logging.Handler` returned by :meth:`controller_handler`. ``recent`` keeps the last ``keep_recent``
+    records shown, so a view opened later (the notebook dashboard) starts with them.
     """
 
-    def __init__(self, log_dir: Path, *, console: bool, level: int, stream: Any = None) -> None:
+    def __init__(
+        self, log_dir: Path, *, console: bool, level: int, stream: Any = None, keep_recent: int = 1000
+    ) -> None:
         self.log_dir = log_dir
         self.level = level
         self.console = console
@@ -139,11 +144,22 @@ class RankLogRouter:
         self._files: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        self.recent: deque[dict[str, Any]] = deque(maxlen=keep_recent)
         log_dir.mkdir(parents=True, exist_ok=True)
 
     def add_listener(self, listener: Callable[[dict[str, Any]], None]) -> None:
         """Also hand every record to ``listener`` (e.g. a notebook widget)."""
         self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Stop handing records to ``listener`` (no error when it is not registered)."""
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(listener)
+
+    def recent_records(self) -> list[dict[str, Any]]:
+        """The last ``keep_recent`` records shown, oldest first."""
+        with self._lock:
+            return list(self.recent)
 
     def _file_for(self, record: dict[str, Any]) -> Any:
         rank = record.get("rank")
@@ -162,6 +178,7 @@ class RankLogRouter:
             handle = self._file_for(record)
             handle.write(line + "\n")
             handle.flush()
+            self.recent.append(record)
             if self.console:
                 self._stream.write(line + "\n")
                 self._stream.flush()
