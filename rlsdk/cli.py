@@ -1,4 +1,5 @@
-"""``rlsdk`` command line: ``rlsdk run RECIPE.py [--section.field VALUE ...] [--config FILE.yaml]``.
+"""``rlsdk`` command line: ``rlsdk run RECIPE.py [--section.field VALUE ...] [--config FILE.yaml]`` and
+``rlsdk promote NOTEBOOK.ipynb [-o recipes/NAME.py]``.
 
 A recipe is a Python file with ``config() -> SessionConfig`` (its defaults) and ``async main(config)``. The
 command-line flags are generated from the same config dataclasses (no parallel argparse for config fields).
@@ -52,6 +53,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a recipe as a script", add_help=False)
     run.add_argument("recipe", help="path to a recipe .py file")
+    promote = sub.add_parser(
+        "promote",
+        help="turn a notebook's cells tagged recipe / recipe:config / recipe:main into a recipe file",
+        description="Write a recipe (config() + async main(config)) from the notebook's tagged cells; see "
+        "docs/howto/promote-notebook.md for the tag convention.",
+    )
+    promote.add_argument("notebook", help="path to the .ipynb notebook")
+    promote.add_argument("-o", "--output", help="recipe file to write (default: recipes/NOTEBOOK_NAME.py)")
+    promote.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
+    from rlsdk.debug.cli import add_trace_parser, trace_command
+
+    add_trace_parser(sub)
     if len(argv) >= 1 and argv[0] == "run":
         known, rest = run.parse_known_args(argv[1:]) if len(argv) > 1 and not argv[1].startswith("-") else (None, None)
         if known is None:
@@ -64,7 +77,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ConfigError, FileNotFoundError) as exc:  # a bad input: say what and why, no traceback
             parser.exit(2, f"rlsdk run: error: {exc}\n")
         return 0
-    parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.command == "trace":
+        return trace_command(parser, args)
+    if args.command == "promote":
+        return promote_command(parser, args.notebook, args.output, force=args.force)
+    return 0
+
+
+def promote_command(parser: argparse.ArgumentParser, notebook: str, output: str | None, *, force: bool) -> int:
+    from rlsdk.notebook.promote import PromoteError, write_recipe
+
+    target = output or str(Path("recipes") / f"{Path(notebook).stem}.py")
+    try:
+        written = write_recipe(notebook, target, force=force)
+    except (PromoteError, FileNotFoundError) as exc:  # a bad input: say what and why, no traceback
+        parser.exit(2, f"rlsdk promote: error: {exc}\n")
+    sys.stderr.write(f"wrote {written}; run it with: rlsdk run {written}\n")
     return 0
 
 

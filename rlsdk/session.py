@@ -29,6 +29,7 @@ from rlsdk.config import ConfigError, SessionConfig, config_to_dict
 from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams, WeightInfo
 from rlsdk.observe.logging import ROOT_LOGGER, RankLogRouter, get_logger, set_log_context
 from rlsdk.observe.metrics import MetricsWriter
+from rlsdk.observe.status import last_batch_staleness, rank_alive
 from rlsdk.rewards.apply import RewardFn, compute_rewards
 from rlsdk.versioning import VersionError, VersionLedger, WeightMismatchError, staleness_mask
 from rlsdk.workflow.rollout import Rollout, normalize_rows
@@ -77,30 +78,40 @@ class Session:
         self._log_handler: logging.Handler | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._publish_dir: str | None = None
+        self._engine_watch: asyncio.Task[None] | None = None
+        self._engine_failure: BaseException | None = None
         self._rollouts = 0
         self._closing = False
         self._closed = False
         self._failure: BaseException | None = None
+        self._phase: Any = lambda _phase: None  # progress hook of start(); see rlsdk.observe.progress
 
     # ------------------------------------------------------------------ start / close
     @classmethod
-    async def start(cls, config: SessionConfig) -> Session:
+    async def start(cls, config: SessionConfig, *, progress: bool | None = None) -> Session:
         """Start the train ranks and the inference engine; return when both serve weight version 0.
 
         Raises ``ConfigError`` for a bad model path (before any process starts), ``TimeoutError`` when ranks do
         not connect within ``launch.start_timeout_s``, ``RankProcessError`` when they exit during start-up (with
         their last output lines), ``RankError`` when a rank raises, ``WeightMismatchError`` when the engine's
-        initial weights differ from the trainer's.
+        initial weights differ from the trainer's. ``progress`` shows a bar over the start phases (``None``: in
+        Jupyter only).
         """
         if not isinstance(config, SessionConfig):
             raise TypeError(f"Session.start needs a SessionConfig, got {type(config).__name__}")
         check_model_dir(config.model.path)
+        from rlsdk.observe.progress import START_PHASES, PhaseProgress
+
         session = cls(config)
+        session._phase = PhaseProgress(START_PHASES, desc="Session.start", enabled=progress)
         try:
             await session._start()
         except BaseException:
             await session.close()
             raise
+        finally:
+            session._phase.close()
+            session._phase = lambda _phase: None
         return session
 
     async def _start(self) -> None:
@@ -121,12 +132,25 @@ class Session:
 
         secret = new_session_secret()
         session_id = uuid.uuid4().hex[:12]
-        self._channel = ControllerChannel(
+        channel_cls: type[ControllerChannel] = ControllerChannel
+        channel_kwargs: dict[str, Any] = {}
+        if cfg.launch.tracer:  # the hang watchdog: see rlsdk/debug/watchdog.py
+            from rlsdk.debug.watchdog import WatchedControllerChannel
+
+            channel_cls = WatchedControllerChannel
+            channel_kwargs = {
+                "hang_timeout_s": cfg.launch.hang_timeout_s,
+                "hang_policy": cfg.launch.hang_policy,
+                "traces_dir": self.output_dir / "traces",
+                "world_size": cfg.launch.num_ranks,
+            }
+        self._channel = channel_cls(
             secret,
             session_id,
             host=cfg.launch.host,
             heartbeat_interval_s=cfg.launch.heartbeat_interval_s,
             on_log=self._router.handle,
+            **channel_kwargs,
         )
         await self._channel.start()
         env = rank_environment(
@@ -140,30 +164,42 @@ class Session:
                 "RLSDK_THREADS_PER_RANK": cfg.launch.threads_per_rank,
                 "RLSDK_LOG_LEVEL": level,
                 "OMP_NUM_THREADS": cfg.launch.threads_per_rank,
+                "RLSDK_TRACER": int(cfg.launch.tracer),
+                "RLSDK_PG_TIMEOUT_S": "" if cfg.launch.pg_timeout_s is None else cfg.launch.pg_timeout_s,
+                "RLSDK_TRACE_DIR": self.output_dir / "traces" / "live",
             },
         )
+        self._phase("launching ranks")
         self._launcher = await LocalLauncher.start(cfg.launch.num_ranks, env, on_line=self._launcher_line)
         self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
 
         # The engine loads while the ranks import torch and form their process group.
         engine_task = asyncio.get_running_loop().create_task(self._start_engine())
         try:
+            self._phase("loading engine, ranks connecting")
             self.rank_info = await self._channel.wait_for_ranks(cfg.launch.num_ranks, cfg.launch.start_timeout_s)
             self._launcher.rank_pids = [info["pid"] for info in self.rank_info.values()]
+            self._phase("initialising ranks")
             results = await self._channel.broadcast(
                 "init", {"config": config_to_dict(cfg)}, timeout_s=cfg.launch.start_timeout_s
             )
         finally:
             await engine_task
         trainer = results[0]
-        engine_info = await self._engine().weight_info()
-        if engine_info.checksum != trainer["checksum"] or engine_info.version != trainer["version"]:
-            raise WeightMismatchError(
-                f"initial weights differ: trainer v{trainer['version']} checksum {trainer['checksum'][:12]}, "
-                f"engine v{engine_info.version} checksum {engine_info.checksum[:12]}"
-            )
         self.versions.trainer_checksum = trainer["checksum"]
-        self.versions.record_sync(engine_info.version, engine_info.checksum, 0.0)
+        if cfg.inference.engine == "vllm":
+            # The server's loader gives no checksum of what it loaded from the model directory, and an attached
+            # server may hold anything: publish the trainer's v0 and verify it like every later sync.
+            await self.sync_weights()
+        else:
+            engine_info = await self._engine().weight_info()
+            if engine_info.checksum != trainer["checksum"] or engine_info.version != trainer["version"]:
+                raise WeightMismatchError(
+                    f"initial weights differ: trainer v{trainer['version']} checksum {trainer['checksum'][:12]}, "
+                    f"engine v{engine_info.version} checksum {engine_info.checksum[:12]}"
+                )
+            self.versions.record_sync(engine_info.version, engine_info.checksum, 0.0)
+        self._phase("ready")
         logger.info(
             "session ready in %.1f s: %d ranks, engine %s, output %s",
             time.perf_counter() - t0,
@@ -176,19 +212,12 @@ class Session:
         from transformers import AutoTokenizer
 
         from rlsdk.data import PromptSampler, reverse_digits_dataset
-        from rlsdk.engine.inference.embedded import EmbeddedEngine
 
         cfg = self.config
         self.tokenizer = await asyncio.to_thread(
             AutoTokenizer.from_pretrained, cfg.model.path, trust_remote_code=cfg.model.trust_remote_code
         )
-        self.engine = await asyncio.to_thread(
-            EmbeddedEngine.from_pretrained,
-            cfg.model.path,
-            dtype=cfg.model.dtype,
-            num_threads=cfg.inference.num_threads,
-            max_batch_size=cfg.inference.max_batch_size,
-        )
+        self.engine = await self._build_engine()
         params = SamplingParams(
             max_new_tokens=cfg.rollout.max_new_tokens,
             temperature=cfg.rollout.temperature,
@@ -206,6 +235,94 @@ class Session:
         self.metrics = MetricsWriter(self.output_dir / "tensorboard", tensorboard=cfg.observe.tensorboard)
         self._publish_dir = tempfile.mkdtemp(
             prefix="rlsdk-weights-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+        )
+
+    async def _build_engine(self) -> InferenceEngine:
+        """The configured engine: embedded (in this process) or vLLM (a supervised server, or attached by URL)."""
+        cfg = self.config
+        inference = cfg.inference
+        if inference.engine == "embedded":
+            from rlsdk.engine.inference.embedded import EmbeddedEngine
+
+            return await asyncio.to_thread(
+                EmbeddedEngine.from_pretrained,
+                cfg.model.path,
+                dtype=cfg.model.dtype,
+                num_threads=inference.num_threads,
+                max_batch_size=inference.max_batch_size,
+            )
+        from rlsdk.engine.inference.vllm import VLLMEngine
+
+        if inference.url is not None:
+            engine = await VLLMEngine.attach(
+                inference.url,
+                cfg.model.path,
+                request_timeout_s=inference.request_timeout_s,
+                sync_timeout_s=inference.sync_timeout_s,
+            )
+        else:
+            engine = await VLLMEngine.start(
+                cfg.model.path,
+                kv_cache_gib=inference.kv_cache_gib,
+                max_model_len=inference.max_model_len,
+                extra_server_args=inference.extra_server_args,
+                start_timeout_s=inference.server_start_timeout_s,
+                request_timeout_s=inference.request_timeout_s,
+                sync_timeout_s=inference.sync_timeout_s,
+                on_line=self._inference_line,
+            )
+            self._engine_watch = asyncio.get_running_loop().create_task(self._watch_engine(engine))
+        return engine
+
+    async def _watch_engine(self, engine: Any) -> None:
+        """Turn an unexpected exit of the vLLM server into an error for every later call (until restart)."""
+        server = engine.server
+        code = await server.wait()
+        if self._closing or self.engine is not engine:
+            return
+        self._engine_failure = server.error(f"exited unexpectedly (exit code {code})")
+        logger.error("%s", self._engine_failure)
+
+    async def restart_engine(self) -> WeightInfo:
+        """Stop the inference engine (a dead vLLM server included), start a new one and sync the trainer's
+        current weights to it, verified. Returns what the new engine serves.
+
+        Raises ``InferenceServerError`` when the new server does not start, ``WeightMismatchError`` when it
+        does not serve the trainer's version and checksum.
+        """
+        if self._closed:
+            raise SessionClosedError("the session is closed; start a new one with Session.start(config)")
+        old, self.engine = self.engine, None
+        if self._engine_watch is not None:
+            self._engine_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._engine_watch
+            self._engine_watch = None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.close()
+        self._engine_failure = None
+        logger.info("restarting the %s inference engine", self.config.inference.engine)
+        self.engine = await self._build_engine()
+        return await self.sync_weights()
+
+    def _inference_line(self, line: str) -> None:
+        if self._router is None or not line.strip():
+            return
+        level = next((name for name in ("ERROR", "WARNING", "CRITICAL") if f" {name} " in line), "INFO")
+        self._router.handle(
+            {
+                "time": time.time(),
+                "level": level,
+                "levelno": logging.getLevelName(level),
+                "logger": "rlsdk.inference",
+                "component": "vllm",
+                "rank": None,
+                "world_size": self.config.launch.num_ranks,
+                "version": self.versions.engine_version,
+                "role": "inference",
+                "message": line,
+            }
         )
 
     def _launcher_line(self, line: str) -> None:
@@ -240,6 +357,8 @@ class Session:
             raise SessionClosedError("the session is closed; start a new one with Session.start(config)")
         if self._failure is not None:
             raise SessionClosedError(f"the session's ranks failed: {self._failure}")
+        if self._engine_failure is not None:
+            raise self._engine_failure
         return self.engine
 
     async def close(self) -> None:
@@ -260,6 +379,10 @@ class Session:
                 await self._supervisor
         if self._channel is not None:
             await self._channel.close()
+        if self._engine_watch is not None:
+            self._engine_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._engine_watch
         if self.engine is not None:
             await self.engine.close()
         if self.metrics is not None:
@@ -376,9 +499,18 @@ class Session:
         self.step += 1
         totals = {
             k: sum(float(r[k]) for r in results)
-            for k in ("loss_sum", "clipped_tokens", "ratio_sum", "kl_sum", "entropy_sum", "tokens")
-        }
+            for k in ("loss_sum", "clipped_tokens", "ratio_sum", "kl_sum", "entropy_sum", "tokens",
+                      "logprob_absdiff_sum", "ratio_dev_sq_sum")
+        }  # fmt: skip
+        maxima = {k: max(float(r[k]) for r in results) for k in ("logprob_absdiff_max", "ratio_max", "neg_ratio_min")}
         tokens = max(totals["tokens"], 1.0)
+        agreement = {
+            "agreement/logprob_absdiff_mean": totals["logprob_absdiff_sum"] / tokens,
+            "agreement/logprob_absdiff_max": maxima["logprob_absdiff_max"],
+            "agreement/ratio_rms_dev": (totals["ratio_dev_sq_sum"] / tokens) ** 0.5,  # sqrt(mean((ratio - 1)^2))
+            "agreement/ratio_min": -maxima["neg_ratio_min"],
+            "agreement/ratio_max": maxima["ratio_max"],
+        }
         rewards_B = rollout.rewards_B
         stats = {
             "step": float(self.step),
@@ -392,6 +524,8 @@ class Session:
             "train/grad_norm": float(results[0]["grad_norm"]),
             "train/tokens": totals["tokens"],
             "train/dropped_stale": float(stale),
+            "train/used_samples": float(index_B.numel()),
+            **agreement,
             "time/update_s": time.perf_counter() - start,
             "time/rank_update_s": max(float(r["seconds"]) for r in results),
             "time/rollout_s": float(rollout.info.get("seconds", float("nan"))),
@@ -401,6 +535,29 @@ class Session:
         }
         if self.metrics is not None:
             self.metrics.log(self.step, stats)
+        if agreement["agreement/logprob_absdiff_mean"] > cfg.inference.logprob_warn_threshold:
+            logger.warning(
+                "update %d: trainer and engine disagree: mean |logprob diff| %.4g (max %.4g, ratio in "
+                "[%.3f, %.3f]) > inference.logprob_warn_threshold=%g over %d tokens of behaviour versions %s; "
+                "stale or corrupted engine weights, a dtype mismatch, or top-k/top-p sampling?",
+                self.step,
+                agreement["agreement/logprob_absdiff_mean"],
+                agreement["agreement/logprob_absdiff_max"],
+                agreement["agreement/ratio_min"],
+                agreement["agreement/ratio_max"],
+                cfg.inference.logprob_warn_threshold,
+                int(totals["tokens"]),
+                rollout.versions,
+            )
+        if stale:
+            logger.info(
+                "update %d: used %d samples, dropped %d stale (trainer v%d, max_staleness %d)",
+                self.step,
+                index_B.numel(),
+                stale,
+                self.versions.trainer_version - 1,
+                cfg.rollout.max_staleness,
+            )
         logger.debug("update %d: %s", self.step, stats)
         return stats
 
@@ -465,8 +622,24 @@ class Session:
         self._engine()
         return await self._channel.broadcast(command, body, timeout_s=self.config.launch.command_timeout_s)
 
+    async def trace(self, *, timeout_s: float = 2.0) -> Any:
+        """Every rank's collective trace and thread stacks, compared now: a ``TraceReport`` (``print`` it, or
+        show it in a notebook). Works while a command is stuck. Needs ``launch.tracer`` (else: stacks only)."""
+        from rlsdk.debug.analyze import analyze
+        from rlsdk.debug.watchdog import collect_states
+
+        if self._channel is None or self._closed:
+            raise SessionClosedError("the session is closed; start a new one with Session.start(config)")
+        if hasattr(self._channel, "trace"):  # the watchdog's channel (launch.tracer)
+            return await self._channel.trace(timeout_s=timeout_s)
+        states = await collect_states(
+            self._channel, self.config.launch.num_ranks, timeout_s, tail_dir=self.output_dir / "traces" / "live"
+        )
+        return await asyncio.to_thread(analyze, states)
+
     def status(self) -> dict[str, Any]:
-        """Ranks (pid, heartbeat age, current command) and versions, for humans and dashboards."""
+        """Ranks (pid, heartbeat age, current command, alive), versions and the last batch's staleness verdict
+        (``last_batch``: see :func:`rlsdk.observe.status.last_batch_staleness`), for humans and dashboards."""
         ages = self._channel.heartbeat_ages() if self._channel is not None else {}
         current = self._channel.current_commands() if self._channel is not None else {}
         return {
@@ -476,6 +649,8 @@ class Session:
                     "pid": info.get("pid"),
                     "heartbeat_age_s": ages.get(rank),
                     "command": current.get(rank),
+                    "alive": not self._closed
+                    and rank_alive(info.get("pid"), ages.get(rank), self.config.launch.heartbeat_timeout_s),
                 }
                 for rank, info in self.rank_info.items()
             },
@@ -483,4 +658,23 @@ class Session:
             "engine_version": self.versions.engine_version,
             "in_sync": self.versions.in_sync,
             "step": self.step,
+            "last_batch": last_batch_staleness(
+                self.metrics.history if self.metrics is not None else (), self.config.rollout.max_staleness
+            ),
         }
+
+    def status_text(self) -> str:
+        """:meth:`status` and the latest metrics as a few plain-text lines (the terminal's dashboard)."""
+        from rlsdk.observe.status import format_status_text
+
+        return format_status_text(self.status(), self.metrics.history if self.metrics is not None else ())
+
+    def dashboard(self, *, mode: str = "auto", interval_s: float | None = None) -> Any:
+        """A live dashboard: ranks, versions, metric plots and filterable rank logs, refreshing while cells await.
+
+        In Jupyter (``mode='auto'``) an ipywidgets view (needs the ``notebook`` extra); elsewhere, or with
+        ``mode='text'``, :meth:`status_text` logged every ``interval_s``. See :mod:`rlsdk.observe.dashboard`.
+        """
+        from rlsdk.observe.dashboard import open_dashboard
+
+        return open_dashboard(self, mode=mode, interval_s=interval_s)  # type: ignore[arg-type]  # checked there

@@ -57,6 +57,15 @@ class LaunchConfig:
         host: Listen address of the control channel; a loopback address (127.x.x.x, ::1, localhost) unless
             allow_remote is set.
         allow_remote: Allow a non-loopback host, exposing the control channel to the network.
+        tracer: Record every collective on the ranks (a 'traced' gloo process group, a few microseconds per
+            collective) so hangs and desyncs are diagnosed live; see docs/howto/debug-hang.md.
+        hang_timeout_s: Seconds a command may run before the watchdog collects every rank's collective trace
+            and stacks and analyses them (needs tracer); None = no watchdog, else > 0. A straggler is only
+            logged; a desync raises CollectiveHangError or is logged, as hang_policy says.
+        hang_policy: What the watchdog does on a desync: 'raise' (CollectiveHangError, the ranks stay stuck
+            until pg_timeout_s or close()) or 'wait' (log the report and keep waiting).
+        pg_timeout_s: The ranks' process-group timeout in seconds: a collective stuck this long raises a
+            catchable error on its rank; None = torch's default (30 min), else > 0.
     """
 
     num_ranks: int = 2
@@ -68,10 +77,16 @@ class LaunchConfig:
     command_timeout_s: float | None = None
     host: str = "127.0.0.1"
     allow_remote: bool = False
+    tracer: bool = True
+    hang_timeout_s: float | None = 30.0
+    hang_policy: Literal["raise", "wait"] = "raise"
+    pg_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         check_types(self)
         require(self, "num_ranks", 1 <= self.num_ranks <= 64, "an int in [1, 64]")
+        require(self, "hang_timeout_s", self.hang_timeout_s is None or self.hang_timeout_s > 0, "None or a float > 0")
+        require(self, "pg_timeout_s", self.pg_timeout_s is None or self.pg_timeout_s > 0, "None or a float > 0")
         require(self, "threads_per_rank", self.threads_per_rank >= 1, "an int >= 1")
         require(self, "start_timeout_s", self.start_timeout_s > 0, "a finite float > 0")
         require(self, "heartbeat_interval_s", self.heartbeat_interval_s > 0, "a finite float > 0")
@@ -101,19 +116,52 @@ class InferenceConfig:
     """The inference engine that generates rollouts.
 
     Attributes:
-        engine: Engine kind; only 'embedded' (in the controller process) for now.
+        engine: Engine kind: 'embedded' (a transformers model in the controller process, the default) or 'vllm'
+            (a real vLLM OpenAI-compatible server; needs the ``vllm`` extra, see docs/vllm.md).
         num_threads: torch threads for the embedded engine; None = torch's default, else >= 1.
-        max_batch_size: Most sequences generated in one forward pass, >= 1.
+        max_batch_size: Most sequences generated in one forward pass, >= 1 (embedded engine).
+        url: vllm only: attach to an already-running server at this base URL ('http://HOST:PORT'; started with
+            VLLM_SERVER_DEV_MODE=1 and rlsdk's worker extension) instead of starting one; None = start one on
+            127.0.0.1 with a free port.
+        logprob_warn_threshold: Each update warns when the mean |trainer - engine| logprob of the batch's
+            completion tokens exceeds this (nats), > 0.
+        kv_cache_gib: vllm only: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE), an int >= 1.
+        max_model_len: vllm only: longest prompt + completion in tokens; None = the model's own limit, else >= 1.
+        server_start_timeout_s: vllm only: seconds to wait for a started server to report healthy, > 0.
+        sync_timeout_s: vllm only: seconds each step of a weight sync (pause, load, version, resume) may take, > 0.
+        request_timeout_s: vllm only: seconds one generation request may take, > 0.
+        extra_server_args: vllm only: more command-line arguments for the server (e.g. ['--seed', '1']).
     """
 
-    engine: Literal["embedded"] = "embedded"
+    engine: Literal["embedded", "vllm"] = "embedded"
     num_threads: int | None = None
     max_batch_size: int = 1024
+    url: str | None = None
+    logprob_warn_threshold: float = 0.02
+    kv_cache_gib: int = 1
+    max_model_len: int | None = None
+    server_start_timeout_s: float = 300.0
+    sync_timeout_s: float = 120.0
+    request_timeout_s: float = 600.0
+    extra_server_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_types(self)
         require(self, "num_threads", self.num_threads is None or self.num_threads >= 1, "None or an int >= 1")
         require(self, "max_batch_size", self.max_batch_size >= 1, "an int >= 1")
+        require(
+            self,
+            "url",
+            self.url is None or self.url.startswith(("http://", "https://")),
+            "None or a base URL starting with http:// or https://",
+        )
+        require(self, "url", self.url is None or self.engine == "vllm", "None unless engine='vllm'")
+        require(self, "logprob_warn_threshold", self.logprob_warn_threshold > 0, "a finite float > 0")
+        require(self, "kv_cache_gib", self.kv_cache_gib >= 1, "an int >= 1")
+        require(self, "max_model_len", self.max_model_len is None or self.max_model_len >= 1, "None or an int >= 1")
+        require(self, "server_start_timeout_s", self.server_start_timeout_s > 0, "a finite float > 0")
+        require(self, "sync_timeout_s", self.sync_timeout_s > 0, "a finite float > 0")
+        require(self, "request_timeout_s", self.request_timeout_s > 0, "a finite float > 0")
 
 
 @dataclass

@@ -5,7 +5,8 @@
 - ``bool`` must be a bool; ``int`` must be an int and not a bool (``True`` is not a rank count).
 - ``float`` accepts an int or a float, stores a float, and must be finite.
 - ``Literal[...]`` must be one of the choices; ``X | None`` accepts None or an ``X``.
-- ``tuple[A, B]`` accepts a tuple or a list (YAML has no tuples) of that length and stores a tuple.
+- ``tuple[A, B]`` accepts a tuple or a list (YAML has no tuples) of that length and stores a tuple;
+  ``tuple[A, ...]`` accepts one of any length.
 - A nested config dataclass must already be an instance of that class (``config_from_dict`` builds it from a
   mapping).
 """
@@ -45,6 +46,8 @@ def describe(tp: Any) -> str:
         return "one of " + ", ".join(repr(a) for a in args)
     if origin in (Union, types.UnionType):
         return " or ".join("None" if a is type(None) else describe(a) for a in args)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return f"a list of any length, each {describe(args[0])}"
     if origin is tuple:
         return f"a list of {len(args)} values: " + ", ".join(describe(a) for a in args)
     if tp is float:
@@ -79,6 +82,13 @@ def _check(value: Any, tp: Any, field: str) -> Any:
         if any(value == choice and type(value) is type(choice) for choice in args):
             return value
         raise ConfigError(field, value, describe(tp))
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        if not isinstance(value, (tuple, list)):
+            raise ConfigError(field, value, describe(tp))
+        try:
+            return tuple(_check(v, args[0], field) for v in value)
+        except ConfigError:
+            raise ConfigError(field, value, describe(tp)) from None
     if origin is tuple:
         if not isinstance(value, (tuple, list)) or len(value) != len(args) or Ellipsis in args:
             raise ConfigError(field, value, describe(tp))

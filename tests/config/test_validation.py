@@ -48,7 +48,7 @@ BAD_VALUES = [
     (LaunchConfig, {"host": "10.1.2.3"}, "host", "10.1.2.3"),
     (LaunchConfig, {"host": "", "allow_remote": True}, "host", ""),
     (LaunchConfig, {"allow_remote": "yes"}, "allow_remote", "yes"),
-    (InferenceConfig, {"engine": "vllm"}, "engine", "vllm"),
+    (InferenceConfig, {"engine": "sglang"}, "engine", "sglang"),
     (InferenceConfig, {"num_threads": 0}, "num_threads", 0),
     (InferenceConfig, {"max_batch_size": 0}, "max_batch_size", 0),
     (TrainConfig, {"lr": -1.0}, "lr", -1.0),

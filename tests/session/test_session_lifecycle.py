@@ -68,6 +68,8 @@ def test_session_step_on_real_ranks_publishes_and_syncs_versions_then_closes_cle
     assert stats["version/trainer"] == 1.0
     assert 0.0 <= stats["train/clip_fraction"] <= 1.0
     assert stats["train/tokens"] > 0
+    assert stats["agreement/logprob_absdiff_max"] < 1e-4  # the ranks' logprobs vs the embedded engine's
+    assert abs(stats["agreement/ratio_max"] - 1.0) < 1e-4 and stats["agreement/ratio_rms_dev"] < 1e-4
     output = Path(small_config.observe.output_dir)
     assert list((output / "tensorboard").glob("events.out.tfevents.*"))
     assert (output / "logs" / "rank_0.log").is_file() and (output / "logs" / "rank_1.log").is_file()
