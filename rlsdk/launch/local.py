@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from rlsdk.launch.output import pump_lines
 from rlsdk.observe.logging import get_logger
 
 logger = get_logger(__name__)
@@ -89,14 +90,7 @@ class LocalLauncher:
 
     async def _read_output(self) -> None:
         assert self.proc.stdout is not None
-        while True:
-            raw = await self.proc.stdout.readline()
-            if not raw:
-                return
-            line = raw.decode(errors="replace").rstrip()
-            self.last_lines.append(line)
-            if self._on_line is not None:
-                self._on_line(line)
+        await pump_lines(self.proc.stdout, self.last_lines, self._on_line)
 
     @property
     def returncode(self) -> int | None:
