@@ -96,18 +96,6 @@ class Rollout:
         )
 
 
-def collate_prompts(prompt_ids: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad token-id lists into ``(prompt_ids_B_P, prompt_mask_B_P)``."""
-    width = max((len(p) for p in prompt_ids), default=0)
-    ids_B_P = torch.full((len(prompt_ids), width), pad_token_id, dtype=torch.long)
-    mask_B_P = torch.zeros((len(prompt_ids), width), dtype=torch.bool)
-    for i, ids in enumerate(prompt_ids):
-        if ids:
-            ids_B_P[i, width - len(ids) :] = torch.as_tensor(ids, dtype=torch.long)
-            mask_B_P[i, width - len(ids) :] = True
-    return ids_B_P, mask_B_P
-
-
 def normalize_rows(prompts: Any) -> list[dict[str, Any]]:
     """Accept strings, dicts with a ``prompt`` key, or a ``datasets`` batch dict of columns."""
     if isinstance(prompts, Mapping):

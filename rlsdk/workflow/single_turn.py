@@ -9,7 +9,8 @@ from typing import Any, Protocol
 import torch
 
 from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams
-from rlsdk.workflow.rollout import Rollout, collate_prompts
+from rlsdk.engine.inference.sampling import left_pad
+from rlsdk.workflow.rollout import Rollout
 
 
 class RolloutWorkflow(Protocol):
@@ -39,7 +40,7 @@ class SingleTurnWorkflow:
         params = self.params if seed is None else dataclasses.replace(self.params, seed=seed)
         result = await engine.generate(repeated, params)
         pad = self.tokenizer.pad_token_id
-        prompt_ids_B_P, prompt_mask_B_P = collate_prompts(repeated, pad)
+        prompt_ids_B_P, prompt_mask_B_P = left_pad(repeated, pad)
         completions = self.tokenizer.batch_decode(
             torch.where(result.completion_mask_B_C, result.completion_ids_B_C, pad).tolist(),
             skip_special_tokens=True,

@@ -18,15 +18,13 @@ def _make_batch(model_dir: str, batch: int = 12, seed: int = 0) -> dict[str, tor
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlsdk.algorithms import completion_logprobs
-    from rlsdk.workflow.rollout import collate_prompts
+    from rlsdk.engine.inference.sampling import left_pad
 
     gen = torch.Generator().manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompts = [f"{int(n):03d}>" for n in torch.randint(0, 1000, (batch,), generator=gen)]
     prompts[0] = "12>"  # a shorter prompt exercises left padding
-    prompt_ids_B_P, prompt_mask_B_P = collate_prompts(
-        [tokenizer(p)["input_ids"] for p in prompts], tokenizer.pad_token_id
-    )
+    prompt_ids_B_P, prompt_mask_B_P = left_pad([tokenizer(p)["input_ids"] for p in prompts], tokenizer.pad_token_id)
     digits = [tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
     completion_ids_B_C = torch.tensor(digits)[torch.randint(0, 10, (batch, 5), generator=gen)]
     lengths_B = torch.randint(1, 6, (batch,), generator=gen)

@@ -8,13 +8,14 @@ import math
 import pytest
 import torch
 
+from rlsdk.engine.inference.sampling import left_pad
 from rlsdk.rewards.apply import RewardError, compute_rewards
-from rlsdk.workflow.rollout import Rollout, collate_prompts
+from rlsdk.workflow.rollout import Rollout
 
 
 @pytest.fixture()
 def rollout() -> Rollout:
-    prompt_ids_B_P, prompt_mask_B_P = collate_prompts([[1, 2]] * 4, pad_token_id=0)
+    prompt_ids_B_P, prompt_mask_B_P = left_pad([[1, 2]] * 4, pad_token_id=0)
     return Rollout(
         rows=[{"prompt": "12>", "answer": "21"}, {"prompt": "34>", "answer": "43"}],
         group_size=2,

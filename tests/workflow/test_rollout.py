@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlsdk.workflow.rollout import Rollout, collate_prompts, normalize_rows
+from rlsdk.engine.inference.sampling import left_pad
+from rlsdk.workflow.rollout import Rollout, normalize_rows
 
 
 def _rollout(versions_B_C: torch.Tensor, mask_B_C: torch.Tensor) -> Rollout:
     batch, width = mask_B_C.shape
-    prompt_ids_B_P, prompt_mask_B_P = collate_prompts([[1, 2]] * batch, pad_token_id=0)
+    prompt_ids_B_P, prompt_mask_B_P = left_pad([[1, 2]] * batch, pad_token_id=0)
     return Rollout(
         rows=[{"prompt": "12>", "answer": "21"}] * (batch // 2),
         group_size=2,
@@ -55,8 +56,8 @@ def test_rollout_with_mismatched_shapes_raises_naming_tensor() -> None:
         )
 
 
-def test_collate_prompts_left_pads_and_masks() -> None:
-    ids_B_P, mask_B_P = collate_prompts([[5, 6, 7], [8]], pad_token_id=0)
+def test_left_pad_left_pads_and_masks() -> None:
+    ids_B_P, mask_B_P = left_pad([[5, 6, 7], [8]], pad_token_id=0)
 
     assert ids_B_P.tolist() == [[5, 6, 7], [0, 0, 8]]
     assert mask_B_P.tolist() == [[True, True, True], [False, False, True]]

@@ -30,7 +30,7 @@ def test_vllm_generate_returns_token_ids_and_logprobs_matching_trainer_logprobs_
     from transformers import AutoModelForCausalLM
 
     from rlsdk.algorithms import completion_logprobs
-    from rlsdk.workflow.rollout import collate_prompts
+    from rlsdk.engine.inference.sampling import left_pad
 
     session = vllm_session.session
     assert session.versions.engine_version == 0  # serves the model directory's weights, verified at start
@@ -49,7 +49,7 @@ def test_vllm_generate_returns_token_ids_and_logprobs_matching_trainer_logprobs_
     assert torch.equal(result.completion_ids_B_C, again.completion_ids_B_C)  # seeded: reproducible
     assert len({tuple(row) for row in result.completion_ids_B_C.tolist()}) > 1  # distinct seeds per sample
     model = AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32).eval()
-    prompt_ids_B_P, prompt_mask_B_P = collate_prompts(prompts, session.tokenizer.pad_token_id)
+    prompt_ids_B_P, prompt_mask_B_P = left_pad(prompts, session.tokenizer.pad_token_id)
     with torch.no_grad():
         trainer_B_C, _ = completion_logprobs(
             model, prompt_ids_B_P, prompt_mask_B_P, result.completion_ids_B_C, mask_B_C, temperature=1.0
