@@ -306,41 +306,33 @@ class Session:
         self.engine = await self._build_engine()
         return await self.sync_weights()
 
-    def _inference_line(self, line: str) -> None:
+    def _route_child_line(self, line: str, *, role: str, component: str, level: str, version: int | None) -> None:
+        """Show a line a child process printed (launcher, inference server) in the rank-tagged log stream."""
         if self._router is None or not line.strip():
             return
-        level = next((name for name in ("ERROR", "WARNING", "CRITICAL") if f" {name} " in line), "INFO")
         self._router.handle(
             {
                 "time": time.time(),
                 "level": level,
                 "levelno": logging.getLevelName(level),
-                "logger": "rlsdk.inference",
-                "component": "vllm",
+                "logger": f"rlsdk.{role}",
+                "component": component,
                 "rank": None,
                 "world_size": self.config.launch.num_ranks,
-                "version": self.versions.engine_version,
-                "role": "inference",
+                "version": version,
+                "role": role,
                 "message": line,
             }
         )
 
+    def _inference_line(self, line: str) -> None:
+        level = next((name for name in ("ERROR", "WARNING", "CRITICAL") if f" {name} " in line), "INFO")
+        self._route_child_line(
+            line, role="inference", component="vllm", level=level, version=self.versions.engine_version
+        )
+
     def _launcher_line(self, line: str) -> None:
-        if self._router is not None and line.strip():
-            self._router.handle(
-                {
-                    "time": time.time(),
-                    "level": "INFO",
-                    "levelno": logging.INFO,
-                    "logger": "rlsdk.launch",
-                    "component": "launch",
-                    "rank": None,
-                    "world_size": self.config.launch.num_ranks,
-                    "version": None,
-                    "role": "launcher",
-                    "message": line,
-                }
-            )
+        self._route_child_line(line, role="launcher", component="launch", level="INFO", version=None)
 
     async def _supervise(self) -> None:
         """Turn an unexpected exit of the rank processes into an error for whoever waits on them."""
