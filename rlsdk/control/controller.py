@@ -120,6 +120,7 @@ class ControllerChannel:
         self._ranks: dict[int, dict[str, Any]] = {}
         self._last_heartbeat: dict[int, float] = {}
         self._current_command: dict[int, str | None] = {}
+        self._progress: dict[int, tuple[int, int] | None] = {}
         self._pending: dict[int, _PendingCommand] = {}
         self._rank_waiters: set[asyncio.Future[None]] = set()
         self._failure: BaseException | None = None
@@ -315,6 +316,10 @@ class ControllerChannel:
     def current_commands(self) -> dict[int, str | None]:
         """The command each registered rank's last heartbeat reported running (``None``: idle)."""
         return dict(sorted(self._current_command.items()))
+
+    def command_progress(self) -> dict[int, tuple[int, int] | None]:
+        """``(done, total)`` of the current command as each rank's last heartbeat reported it (``None``: none)."""
+        return dict(sorted(self._progress.items()))
 
     def fail_pending(self, exc: BaseException) -> None:
         """Make every current and future :meth:`wait_for_ranks` and :meth:`broadcast` raise ``exc``.
@@ -598,6 +603,9 @@ class ControllerChannel:
         body = message.body if isinstance(message.body, dict) else {}
         self._last_heartbeat[message.rank] = time.monotonic()
         self._current_command[message.rank] = body.get("command")
+        progress = body.get("progress")
+        valid = isinstance(progress, (list, tuple)) and len(progress) == 2 and all(isinstance(v, int) for v in progress)
+        self._progress[message.rank] = (int(progress[0]), int(progress[1])) if valid else None
 
     def _on_log_message(self, message: protocol.Message) -> None:
         records = message.body if isinstance(message.body, list) else [message.body]

@@ -120,6 +120,7 @@ class RankChannel:
         self._flush_deadline = 0.0
         self._closed = False
         self._current: tuple[str | None, int | None] = (None, None)
+        self._progress: tuple[int, int] | None = None
         self._last_command_seq = 0
         self._event_seq = 0
         self._last_controller_heartbeat = time.monotonic()
@@ -307,8 +308,15 @@ class RankChannel:
         self.set_current(None, None)
 
     def set_current(self, command: str | None, seq: int | None) -> None:
-        """Set the command name and seq that this rank's heartbeats report (``None``: idle). Any thread."""
+        """Set the command name and seq that this rank's heartbeats report (``None``: idle). Any thread.
+        Clears the progress (see :meth:`set_progress`)."""
         self._current = (command, seq)
+        self._progress = None
+
+    def set_progress(self, done: int, total: int) -> None:
+        """Report ``done`` of ``total`` units (e.g. micro-batches) of the current command in the next heartbeats;
+        the Session's progress bars and dashboard read it. Any thread; costs one tuple assignment."""
+        self._progress = (int(done), int(total))
 
     # ------------------------------------------------------------------ events (any thread)
 
@@ -415,7 +423,8 @@ class RankChannel:
             while not self._stop.is_set():
                 now = time.monotonic()
                 if now >= next_beat:
-                    self._send_event("heartbeat", {"command": self._current[0], "seq": self._current[1]})
+                    current, progress = self._current, self._progress
+                    self._send_event("heartbeat", {"command": current[0], "seq": current[1], "progress": progress})
                     next_beat = now + self._heartbeat_interval_s
                 self._check_controller(now)
                 if self._stop.is_set():

@@ -27,11 +27,20 @@ logger = get_logger(__name__)
 class Worker:
     """Holds the rank's state; one method per command."""
 
-    def __init__(self, accelerator: Any, rank: int, world_size: int) -> None:
+    def __init__(
+        self,
+        accelerator: Any,
+        rank: int,
+        world_size: int,
+        *,
+        report_progress: Callable[[int, int], None] | None = None,
+    ) -> None:
         self.accelerator = accelerator
         self.rank = rank
         self.world_size = world_size
         self.engine: Any = None
+        # (done, total) of the running command, shown by the Session's progress bars (RankChannel.set_progress)
+        self.report_progress = report_progress
         self.handlers: dict[str, Callable[[dict[str, Any]], Any]] = {
             "noop": self.noop,
             "init": self.init,
@@ -71,6 +80,7 @@ class Worker:
         config = config_from_dict(SessionConfig, body["config"])
         logging.getLogger("rlsdk").setLevel(config.observe.log_level)
         self.engine = TrainEngine(config, self.accelerator)
+        self.engine.on_progress = self.report_progress
         return self.engine.weight_info() if self.rank == 0 else {"version": self.engine.version}
 
     def update(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -113,7 +123,7 @@ def main() -> None:
                 f"accelerate reports rank {accelerator.process_index}/{accelerator.num_processes}, "
                 f"the launcher assigned {rank}/{world_size}"
             )
-        worker = Worker(accelerator, rank, world_size)
+        worker = Worker(accelerator, rank, world_size, report_progress=channel.set_progress)
         logger.debug("rank %d/%d ready (pid %d)", rank, world_size, os.getpid())
         _serve(channel, worker)
     except Exception:

@@ -43,6 +43,7 @@ def handle(channel: RankChannel, name: str, body: Any) -> Any:
     if name == "unpicklable":
         return threading.Lock()
     if name == "sleep":
+        channel.set_progress(1, 2)  # reported by the heartbeats while sleeping
         time.sleep(body["seconds"][rank])
         return rank
     raise KeyError(f"unknown test command {name!r}")

@@ -313,7 +313,7 @@ def test_close_fails_an_in_flight_broadcast_and_is_idempotent() -> None:
     run(body)
 
 
-def test_heartbeats_report_age_and_current_command_while_a_rank_works() -> None:
+def test_heartbeats_report_age_current_command_and_progress_while_a_rank_works() -> None:
     async def body() -> None:
         channel, secret, session_id = new_controller()
         async with channel:
@@ -322,15 +322,19 @@ def test_heartbeats_report_age_and_current_command_while_a_rank_works() -> None:
                 work = asyncio.create_task(channel.broadcast("sleep", {"seconds": [0.0, 0.8]}, timeout_s=5.0))
                 await asyncio.sleep(0.5)
                 during = channel.current_commands()
+                progress_during = channel.command_progress()
                 ages = channel.heartbeat_ages()
                 assert await work == [0, 1]
                 await asyncio.sleep(0.3)
                 after = channel.current_commands()
+                progress_after = channel.command_progress()
                 await channel.shutdown_ranks()
 
         assert during == {0: None, 1: "sleep"}
+        assert progress_during == {0: None, 1: (1, 2)}
         assert all(age < 0.5 for age in ages.values())
         assert after == {0: None, 1: None}
+        assert progress_after == {0: None, 1: None}
 
     run(body)
 

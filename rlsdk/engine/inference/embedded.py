@@ -166,7 +166,12 @@ class EmbeddedEngine:
         self._check_open()
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    def _generate_sync(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> GenerateResult:
+    def _generate_sync(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        params: SamplingParams,
+        on_samples: Callable[[int], None] | None = None,
+    ) -> GenerateResult:
         if params.seed is not None:
             generator = torch.Generator(device=self._generator.device).manual_seed(params.seed)
         else:
@@ -183,6 +188,8 @@ class EmbeddedEngine:
                     generator=generator,
                 )
             )
+            if on_samples is not None:
+                on_samples(chunks[-1][0].shape[0])
         width = max(ids_B_C.shape[1] for ids_B_C, _, _ in chunks)
 
         def pad_right(tensor: torch.Tensor, value: float | int | bool) -> torch.Tensor:
@@ -213,7 +220,9 @@ class EmbeddedEngine:
             ValueError: empty prompt list or prompt, or invalid sampling parameters.
             RuntimeError: the engine is closed.
         """
-        return await self._run(self._generate_sync, list(prompt_ids), params)
+        from rlsdk.observe.progress import progress_sink
+
+        return await self._run(self._generate_sync, list(prompt_ids), params, progress_sink())
 
     def _load_weights_sync(self, path: str, version: int) -> WeightInfo:
         from safetensors.torch import load_model

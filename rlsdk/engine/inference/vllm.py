@@ -309,14 +309,19 @@ class VLLMEngine:
                 groups[-1] = (groups[-1][0], groups[-1][1] + 1)
             else:
                 groups.append((row, 1))
-        results = await asyncio.gather(
-            *(
-                self._generate_group(
-                    prompts[first], count, params, None if params.seed is None else params.seed + first
-                )
-                for first, count in groups
+        from rlsdk.observe.progress import progress_sink
+
+        sink = progress_sink()
+
+        async def group(first: int, count: int) -> list[dict[str, Any]]:
+            choices = await self._generate_group(
+                prompts[first], count, params, None if params.seed is None else params.seed + first
             )
-        )
+            if sink is not None:
+                sink(count)
+            return choices
+
+        results = await asyncio.gather(*(group(first, count) for first, count in groups))
         choices = [choice for group in results for choice in group]
         width = max(len(choice["token_ids"]) for choice in choices)
         batch = len(choices)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,8 @@ class TrainEngine:
         self.config = config
         self.accelerator = accelerator
         self.version = 0
+        # Called with (micro-batches done, micro-batches in the shard) after each one; None: no reporting.
+        self.on_progress: Callable[[int, int], None] | None = None
         torch.manual_seed(config.seed)
         model = AutoModelForCausalLM.from_pretrained(
             config.model.path,
@@ -125,6 +128,8 @@ class TrainEngine:
         sums = torch.zeros(len(_SUM_KEYS), dtype=torch.float64)
         maxima = torch.full((len(_MAX_KEYS),), float("-inf"), dtype=torch.float64)
         starts = list(range(0, batch_size, micro))
+        if self.on_progress is not None:
+            self.on_progress(0, len(starts))
         for index, lo in enumerate(starts):
             mb = {name: tensor[lo : lo + micro] for name, tensor in shard.items()}
             last = index == len(starts) - 1
@@ -193,6 +198,8 @@ class TrainEngine:
                     (ratio_dev_B_C * ratio_dev_B_C).sum(),
                 ]
             )
+            if self.on_progress is not None:
+                self.on_progress(index + 1, len(starts))
         return torch.cat([sums, maxima])
 
     def weight_info(self) -> dict[str, Any]:
