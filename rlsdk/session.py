@@ -85,6 +85,8 @@ class Session:
         self._closed = False
         self._failure: BaseException | None = None
         self._phase: Any = lambda _phase: None  # progress hook of start(); see rlsdk.observe.progress
+        self.last_trace: Any = None  # the latest TraceReport (watchdog or trace()); the dashboard's tracer view
+        self.last_trace_time: float | None = None  # time.time() of last_trace
 
     # ------------------------------------------------------------------ start / close
     @classmethod
@@ -143,6 +145,7 @@ class Session:
                 "hang_policy": cfg.launch.hang_policy,
                 "traces_dir": self.output_dir / "traces",
                 "world_size": cfg.launch.num_ranks,
+                "on_report": self._record_trace,
             }
         self._channel = channel_cls(
             secret,
@@ -358,6 +361,10 @@ class Session:
         if self._closed:
             return
         self._closing = True
+        hung = getattr(self._channel, "hung", None)
+        if hung is not None:  # terminating a hung command: its ranks are shut down below
+            hung.task.cancel()
+            self._channel.hung = None
         if self._channel is not None:
             with contextlib.suppress(Exception):
                 await self._channel.shutdown_ranks()
@@ -400,12 +407,18 @@ class Session:
         self._engine()
         return normalize_rows(self.prompt_sampler.next_batch())
 
-    async def rollout(self, prompts: Sequence[Any] | dict[str, list[Any]] | None = None) -> Rollout:
+    async def rollout(
+        self, prompts: Sequence[Any] | dict[str, list[Any]] | None = None, *, progress: bool | None = None
+    ) -> Rollout:
         """Sample ``rollout.group_size`` completions per prompt from the engine.
 
         ``prompts``: strings, dicts with a ``prompt`` key (other keys reach the reward function), a column
         batch from a ``datasets.Dataset``, or ``None`` for the next batch of the configured data set.
+        ``progress``: a bar over the samples with the served version once the call outlasts a second (``None``:
+        in Jupyter only).
         """
+        from rlsdk.observe.progress import CallProgress
+
         engine = self._engine()
         rows = self.next_prompts() if prompts is None else normalize_rows(prompts)
         if not rows:
@@ -414,7 +427,15 @@ class Session:
         start = time.perf_counter()
         # One seed per rollout, derived from the session seed: the same config replays the same samples.
         seed = (self.config.seed * 1_000_003 + self._rollouts) % (1 << 62)
-        rollout = await self.workflow.arun_batch(engine, rows, self.config.rollout.group_size, seed=seed)
+        group_size = self.config.rollout.group_size
+        with CallProgress(
+            "rollout",
+            total=len(rows) * group_size,
+            unit="sample",
+            postfix=lambda: f"engine v{self.versions.engine_version}",
+            enabled=progress,
+        ):
+            rollout = await self.workflow.arun_batch(engine, rows, group_size, seed=seed)
         self._rollouts += 1
         rollout.info["seconds"] = time.perf_counter() - start
         rollout.info["trainer_version"] = self.versions.trainer_version
@@ -430,13 +451,16 @@ class Session:
         rewards_B = await compute_rewards(rollout, reward_fn, timeout_s=timeout_s)
         return rollout.with_rewards(rewards_B)
 
-    async def update(self, rollout: Rollout) -> dict[str, float]:
+    async def update(self, rollout: Rollout, *, progress: bool | None = None) -> dict[str, float]:
         """Train on ``rollout`` (one optimizer step on every rank); the trainer publishes version + 1.
 
         Samples staler than ``rollout.max_staleness`` raise ``StaleRolloutError`` (policy ``raise``) or are
         dropped and counted (policy ``drop``). Returns step metrics (means over completion tokens).
+        ``progress``: a bar over the ranks' micro-batches (from their heartbeats) with the batch's reward and the
+        versions, once the call outlasts a second (``None``: in Jupyter only).
         """
         from rlsdk.algorithms import group_advantages
+        from rlsdk.observe.progress import CallProgress
 
         self._engine()
         cfg = self.config
@@ -482,7 +506,16 @@ class Session:
             }
             for r in range(world)
         ]
-        results = await self._channel.broadcast("update", bodies, timeout_s=cfg.launch.command_timeout_s)
+        trainer_version = self.versions.trainer_version
+        reward_mean = float(rollout.rewards_B.mean())
+        with CallProgress(
+            "update",
+            unit="micro-batch",
+            poll=self._update_progress,
+            postfix=lambda: f"reward {reward_mean:.3f}, trainer v{trainer_version} -> v{trainer_version + 1}",
+            enabled=progress,
+        ):
+            results = await self._channel.broadcast("update", bodies, timeout_s=cfg.launch.command_timeout_s)
         versions = {int(r["version"]) for r in results}
         if len(versions) != 1:
             raise VersionError(f"ranks disagree on the trainer version after update: {sorted(versions)}")
@@ -553,6 +586,14 @@ class Session:
         logger.debug("update %d: %s", self.step, stats)
         return stats
 
+    def _update_progress(self) -> tuple[int, int] | None:
+        """Micro-batches done / total, summed over the ranks whose heartbeat reports the running update."""
+        current = self._channel.current_commands()
+        reported = [p for rank, p in self._channel.command_progress().items() if p and current.get(rank) == "update"]
+        if not reported:
+            return None
+        return sum(done for done, _ in reported), sum(total for _, total in reported)
+
     async def sync_weights(self) -> WeightInfo:
         """Publish the trainer's weights to the engine; verify it serves the trainer's version and checksum.
 
@@ -622,18 +663,51 @@ class Session:
 
         if self._channel is None or self._closed:
             raise SessionClosedError("the session is closed; start a new one with Session.start(config)")
-        if hasattr(self._channel, "trace"):  # the watchdog's channel (launch.tracer)
+        if hasattr(self._channel, "trace"):  # the watchdog's channel (launch.tracer); it calls _record_trace
             return await self._channel.trace(timeout_s=timeout_s)
         states = await collect_states(
             self._channel, self.config.launch.num_ranks, timeout_s, tail_dir=self.output_dir / "traces" / "live"
         )
-        return await asyncio.to_thread(analyze, states)
+        report = await asyncio.to_thread(analyze, states)
+        self._record_trace(report)
+        return report
+
+    def _record_trace(self, report: Any) -> None:
+        self.last_trace = report
+        self.last_trace_time = time.time()
+
+    @property
+    def hung_command(self) -> Any:
+        """The command the hang watchdog reported (a :class:`~rlsdk.debug.watchdog.HungCommand`: ``command``,
+        ``report``, ``path``, ``seconds``) while it is still pending on the ranks; ``None`` otherwise."""
+        hung = getattr(self._channel, "hung", None)
+        if hung is not None and hung.task.done():
+            return None
+        return hung
+
+    async def keep_waiting(self, timeout_s: float | None = None) -> list[Any]:
+        """After a ``CollectiveHangError``: wait on the hung command (still watched), instead of terminating the
+        ranks with :meth:`close`. Returns the command's raw results (index = rank) if the ranks get out.
+
+        Raises ``RuntimeError`` when no command is hung, ``TimeoutError`` after ``timeout_s`` (the command stays
+        pending: call again or close), ``CollectiveHangError`` again while the divergence persists (per
+        ``launch.hang_policy``), and the ranks' own error (e.g. the process-group timeout) if the command fails.
+        """
+        if self._channel is None or self._closed:
+            raise SessionClosedError("the session is closed; start a new one with Session.start(config)")
+        if not hasattr(self._channel, "keep_waiting"):
+            raise RuntimeError("keep_waiting needs the hang watchdog (launch.tracer=True and launch.hang_timeout_s)")
+        return await self._channel.keep_waiting(timeout_s)
 
     def status(self) -> dict[str, Any]:
-        """Ranks (pid, heartbeat age, current command, alive), versions and the last batch's staleness verdict
-        (``last_batch``: see :func:`rlsdk.observe.status.last_batch_staleness`), for humans and dashboards."""
+        """Ranks (pid, heartbeat age, current command and its ``(done, total)`` progress, alive), versions, the
+        last batch's staleness verdict (``last_batch``: see :func:`rlsdk.observe.status.last_batch_staleness`),
+        the latest collective trace's headline (``trace``) and a command the watchdog reported hung (``hung``),
+        for humans and dashboards."""
         ages = self._channel.heartbeat_ages() if self._channel is not None else {}
         current = self._channel.current_commands() if self._channel is not None else {}
+        progress = self._channel.command_progress() if self._channel is not None else {}
+        trace = self.last_trace
         return {
             "closed": self._closed,
             "ranks": {
@@ -641,6 +715,7 @@ class Session:
                     "pid": info.get("pid"),
                     "heartbeat_age_s": ages.get(rank),
                     "command": current.get(rank),
+                    "progress": progress.get(rank),
                     "alive": not self._closed
                     and rank_alive(info.get("pid"), ages.get(rank), self.config.launch.heartbeat_timeout_s),
                 }
@@ -650,6 +725,17 @@ class Session:
             "engine_version": self.versions.engine_version,
             "in_sync": self.versions.in_sync,
             "step": self.step,
+            "trace": None
+            if trace is None
+            else {"time": self.last_trace_time, "ok": trace.ok, "headline": str(trace).splitlines()[0]},
+            "hung": None
+            if self.hung_command is None
+            else {
+                "command": self.hung_command.command,
+                "seconds": self.hung_command.seconds,
+                "kind": getattr(self.hung_command.report.divergence, "kind", None),
+                "path": None if self.hung_command.path is None else str(self.hung_command.path),
+            },
             "last_batch": last_batch_staleness(
                 self.metrics.history if self.metrics is not None else (), self.config.rollout.max_staleness
             ),

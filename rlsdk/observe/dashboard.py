@@ -9,7 +9,11 @@ the loop:
   log router's listener; the widgets are re-rendered at most once per ``interval_s`` and only when something
   changed, showing at most ``max_lines`` filtered lines, however fast the ranks log;
 - metric plots are small SVG line charts rendered here (no plotting dependency);
-- rank status and the version panel come from :meth:`Session.status` (see :mod:`rlsdk.observe.status`).
+- rank status and the version panel come from :meth:`Session.status` (see :mod:`rlsdk.observe.status`);
+- the tracer view shows the session's latest collective trace (``session.last_trace``: every check of the hang
+  watchdog, and every ``await session.trace()``) as a table per rank (last group:seq, op, call site, age) with
+  the diverging ranks highlighted; "trace now" takes one; while the watchdog reports a command hung it offers
+  "keep waiting" (``session.keep_waiting()``) and "terminate ranks" (``session.close()``).
 
 nbclient (and so an executed notebook saved to disk) only records widget updates sent while a cell runs; call
 :meth:`Dashboard.refresh` in a later cell to capture the current state.
@@ -21,6 +25,7 @@ import asyncio
 import html
 import logging
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -30,6 +35,7 @@ from rlsdk.observe.logging import get_logger
 from rlsdk.observe.status import (
     PLOTTED_METRICS,
     format_age,
+    format_command,
     format_status_text,
     in_jupyter,
     merged_history,
@@ -119,7 +125,7 @@ def render_ranks_html(status: dict[str, Any]) -> str:
         else:
             state = '<b style="color:#c00">DOWN</b>'
         rows.append(
-            f"<tr><td>rank {rank}</td><td>{state}</td><td>{html.escape(str(info.get('command') or 'idle'))}</td>"
+            f"<tr><td>rank {rank}</td><td>{state}</td><td>{html.escape(format_command(info))}</td>"
             f"<td>{format_age(info.get('heartbeat_age_s'))}</td><td>{info.get('pid')}</td></tr>"
         )
     if not rows:
@@ -150,6 +156,28 @@ def render_versions_html(status: dict[str, Any]) -> str:
         f"<tr><td>last batch</td><td>{verdict}</td></tr>"
         f"<tr><td>step</td><td>{status.get('step')}</td></tr></table>"
     )
+
+
+def render_tracer_html(report: Any, taken_at: float | None, hung: dict[str, Any] | None) -> str:
+    """The tracer view: when the latest trace was taken, the hang (if any) and the report's per-rank table."""
+    parts = []
+    if hung:
+        parts.append(
+            f'<div style="color:#c00"><b>HUNG</b>: command {html.escape(str(hung["command"]))} for '
+            f"{hung['seconds']:.0f} s ({html.escape(str(hung['kind']))}); report saved under "
+            f"{html.escape(str(hung['path']))}</div>"
+        )
+    if report is None:
+        parts.append(
+            '<span style="color:#888">no collective trace yet: the hang watchdog traces every command that '
+            "outlasts launch.hang_timeout_s; click <i>trace now</i> to take one</span>"
+        )
+    else:
+        when = time.strftime("%H:%M:%S", time.localtime(taken_at)) if taken_at is not None else "?"
+        parts.append(f'<div style="font-size:11px;color:#888">traced at {when}</div>')
+        table = getattr(report, "_repr_html_", None)
+        parts.append(table() if table is not None else f"<pre>{html.escape(str(report))}</pre>")
+    return '<div class="rlsdk-tracer" style="font-size:12px">' + "".join(parts) + "</div>"
 
 
 def svg_line_chart(points: Sequence[tuple[int, float]], title: str, *, width: int = 210, height: int = 90) -> str:
@@ -273,6 +301,20 @@ class Dashboard(_Refresher):
         self._versions = widgets.HTML()
         self._metrics = widgets.HTML()
         self._logs = widgets.HTML()
+        self._tracer = widgets.HTML()
+        self._tracer.add_class("rlsdk-tracer")
+        self._tracer_note = widgets.Label()
+        self.trace_button = widgets.Button(description="trace now", tooltip="await session.trace()")
+        self.keep_waiting_button = widgets.Button(
+            description="keep waiting", tooltip="await session.keep_waiting()", button_style="warning"
+        )
+        self.terminate_button = widgets.Button(
+            description="terminate ranks", tooltip="await session.close()", button_style="danger"
+        )
+        self.trace_button.on_click(lambda _b: self._spawn("trace", self._trace_now()))
+        self.keep_waiting_button.on_click(lambda _b: self._spawn("keep waiting", self._keep_waiting()))
+        self.terminate_button.on_click(lambda _b: self._spawn("terminate", self._terminate()))
+        self._tasks: set[asyncio.Task[None]] = set()
         self._ranks.layout.margin = "0 24px 0 0"
         self._ranks.add_class("rlsdk-ranks")
         self._versions.add_class("rlsdk-versions")
@@ -292,13 +334,64 @@ class Dashboard(_Refresher):
                 self._metrics,
                 widgets.HBox([self.source, self.level, self.component, self._log_count]),
                 self._logs,
+                widgets.HBox([self.trace_button, self.keep_waiting_button, self.terminate_button, self._tracer_note]),
+                self._tracer,
             ]
         )
         self.widget.add_class("rlsdk-dashboard")
         self._seen_logs = -1
         self._seen_history = -1
+        self._seen_trace: tuple[Any, ...] = ()
         self.refresh()
         self._start_task()
+
+    # ---------------------------------------------------------------- tracer view actions (button clicks)
+    def _spawn(self, what: str, coro: Any) -> None:
+        try:
+            task = asyncio.get_running_loop().create_task(coro)
+        except RuntimeError:
+            coro.close()
+            self._tracer_note.value = f"{what}: no running event loop"
+            return
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _trace_now(self) -> None:
+        self._tracer_note.value = "tracing..."
+        try:
+            report = await self.session.trace()
+            self._tracer_note.value = "ranks agree" if report.ok else "divergence found"
+        except Exception as exc:
+            self._tracer_note.value = f"trace failed: {exc}"
+        self.refresh()
+
+    async def _keep_waiting(self) -> None:
+        self._tracer_note.value = "waiting on the hung command..."
+        try:
+            await self.session.keep_waiting()
+            self._tracer_note.value = "the hung command completed"
+        except Exception as exc:
+            self._tracer_note.value = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+        self.refresh()
+
+    async def _terminate(self) -> None:
+        self._tracer_note.value = "terminating the ranks (closing the session)..."
+        await self.session.close()
+        self._tracer_note.value = "ranks terminated; the session is closed"
+        self.refresh()
+
+    def _render_tracer(self, status: dict[str, Any], force: bool) -> None:
+        report = getattr(self.session, "last_trace", None)
+        taken_at = getattr(self.session, "last_trace_time", None)
+        hung = status.get("hung")
+        key = (id(report), taken_at, None if hung is None else (hung["command"], int(hung["seconds"])))
+        closed = bool(status.get("closed"))
+        self.keep_waiting_button.layout.display = None if hung and not closed else "none"
+        self.terminate_button.layout.display = None if hung and not closed else "none"
+        self.trace_button.disabled = closed
+        if force or key != self._seen_trace:
+            self._seen_trace = key
+            self._set(self._tracer, render_tracer_html(report, taken_at, hung))
 
     def _set(self, widget: Any, value: str) -> None:
         if widget.value != value:  # unchanged values send nothing to the front end
@@ -333,8 +426,11 @@ class Dashboard(_Refresher):
         if force or self.logs.total != self._seen_logs:
             self._seen_logs = self.logs.total
             self._render_logs()
+        self._render_tracer(status, force)
         if force:
-            for child in (self._title, self._ranks, self._versions, self._metrics, self._logs, self._log_count):
+            children = (self._title, self._ranks, self._versions, self._metrics, self._logs, self._log_count,
+                        self._tracer, self._tracer_note)  # fmt: skip
+            for child in children:
                 child.send_state()
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:

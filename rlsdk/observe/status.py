@@ -99,6 +99,15 @@ def last_batch_staleness(
     }
 
 
+def format_command(info: Mapping[str, Any]) -> str:
+    """A rank's current command with its reported progress: ``update (3/8)``, or ``idle``."""
+    command = info.get("command")
+    if not command:
+        return "idle"
+    progress = info.get("progress")
+    return f"{command} ({progress[0]}/{progress[1]})" if progress else str(command)
+
+
 def format_age(age_s: float | None) -> str:
     return "-" if age_s is None else f"{age_s:.1f}s"
 
@@ -125,10 +134,19 @@ def format_status_text(status: Mapping[str, Any], history: Iterable[tuple[int, M
         lines.append("last batch: none trained yet")
     for rank, info in sorted(status.get("ranks", {}).items()):
         state = "stopped" if status.get("closed") else "alive" if info.get("alive") else "DOWN"
-        command = info.get("command") or "idle"
+        command = format_command(info)
         lines.append(
             f"rank {rank}: {state:<5} pid {info.get('pid')}  command {command:<16} "
             f"heartbeat {format_age(info.get('heartbeat_age_s'))} ago"
+        )
+    trace = status.get("trace")
+    if trace:
+        lines.append(f"trace at {time.strftime('%H:%M:%S', time.localtime(trace['time']))}: {trace['headline']}")
+    hung = status.get("hung")
+    if hung:
+        lines.append(
+            f"HUNG: command {hung['command']} for {hung['seconds']:.0f} s ({hung['kind']}; report {hung['path']}): "
+            "await session.keep_waiting() or session.close()"
         )
     merged = merged_history(history)
     if merged:

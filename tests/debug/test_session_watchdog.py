@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import _faults
 import psutil
@@ -30,7 +31,7 @@ def test_command_hanging_in_a_rank0_only_collective_raises_naming_rank_op_and_ca
     monkeypatch.setenv("PYTHONPATH", str(Path(_faults.__file__).parent))  # the ranks import _faults
     config = dataclasses.replace(small_config, launch=dataclasses.replace(small_config.launch, hang_timeout_s=2.0))
 
-    async def scenario() -> tuple[CollectiveHangError, str, list[int]]:
+    async def scenario() -> tuple[CollectiveHangError, str, list[int], dict[str, Any], str, str]:
         session = await Session.start(config)
         try:
             pids = [info["pid"] for info in session.rank_info.values()]
@@ -38,11 +39,17 @@ def test_command_hanging_in_a_rank0_only_collective_raises_naming_rank_op_and_ca
             with pytest.raises(CollectiveHangError) as caught:
                 await session.call("call_function", {"target": "_faults:session_hang"})
             live = str(await session.trace())
+            status = session.status()
+            with pytest.raises(RuntimeError) as refused:
+                await session.call("noop")
+            with pytest.raises(TimeoutError) as waited:
+                await session.keep_waiting(timeout_s=1.0)
+            assert session.hung_command is not None and not session.last_trace.ok
         finally:
-            await session.close()
-        return caught.value, live, pids
+            await session.close()  # terminates the hung ranks
+        return caught.value, live, pids, status, str(refused.value), str(waited.value)
 
-    error, live, pids = asyncio.run(scenario())
+    error, live, pids, status, refused, waited = asyncio.run(scenario())
 
     div = error.report.divergence
     assert div is not None and (div.kind, div.ranks) == ("extra collective", [0])
@@ -56,3 +63,9 @@ def test_command_hanging_in_a_rank0_only_collective_raises_naming_rank_op_and_ca
     stacks = error.report.states[0]["stacks"]
     assert any("session_hang" in "".join(frames) for frames in stacks.values())
     assert not any(_alive(pid) for pid in pids)
+    # the offer: the command stays pending, new commands are refused, keep_waiting() waits on it
+    assert "keep_waiting()" in str(error) and "close()" in str(error)
+    assert status["hung"]["command"] == "call_function" and status["hung"]["kind"] == "extra collective"
+    assert status["trace"] is not None and not status["trace"]["ok"]
+    assert "cannot send 'noop'" in refused and "still hung" in refused
+    assert "still hung" in waited

@@ -105,11 +105,18 @@ def test_debugging_hangs_notebook_names_the_rank_conditional_collective_then_run
     run = execute_notebook(
         NOTEBOOKS / "debugging_hangs.ipynb",
         cwd=tmp_path,
-        fetch={"kind": "divergence.kind", "ranks": "divergence.ranks", "message": "str(error)", "ok": "report.ok"},
+        fetch={
+            "kind": "divergence.kind",
+            "ranks": "divergence.ranks",
+            "message": "str(error)",
+            "ok": "report.ok",
+            "hung": "hung['kind']",
+        },
     )
 
     assert (run.values["kind"], run.values["ranks"]) == ("extra collective", [0])
     assert "allreduce" in run.values["message"] and "hang_demo.py:9" in run.values["message"]
+    assert run.values["hung"] == "extra collective"  # still pending after keep_waiting(timeout_s=2) timed out
     assert run.values["ok"] is True  # the fixed command's collectives agree
     assert run.open_sessions == 0
     assert list((tmp_path / "outputs" / "debugging_hangs" / "traces").iterdir())  # the saved report

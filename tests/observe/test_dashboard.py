@@ -27,6 +27,9 @@ class FakeSession:
         self._closed = False
         self.trainer_version = 0
         self.engine_version = 0
+        self.last_trace: Any = None
+        self.last_trace_time: float | None = None
+        self.hung: dict[str, Any] | None = None
 
     def status(self) -> dict[str, Any]:
         return {
@@ -37,6 +40,7 @@ class FakeSession:
             "in_sync": self.trainer_version == self.engine_version,
             "step": self.trainer_version,
             "last_batch": last_batch_staleness(self.metrics.history, 0),
+            "hung": self.hung,
         }
 
     def step(self, reward: float, *, dropped: int = 0, behaviour_min: int | None = None) -> None:
@@ -214,3 +218,60 @@ def test_opening_a_second_dashboard_for_a_session_closes_the_first(tmp_path: Pat
     assert first.logs.closed and not second.logs.closed
     assert [r["message"] for r in second.logs.snapshot()] == ["after the second view opened"]
     second.close()
+
+
+def _diverged_trace() -> Any:
+    from rlsdk.debug.analyze import analyze
+
+    def record(seq: int, op: str, site: str, *, done: bool = True) -> dict[str, Any]:
+        now = time.time()
+        return {"group": "0", "seq": seq, "op": op, "shapes": [[4]], "dtypes": ["float32"], "reduce_op": "SUM",
+                "root": None, "site": site, "stack": [], "t_start": now - 5, "t_end": now - 4 if done else None,
+                "command": "call_function", "command_seq": 3}  # fmt: skip
+
+    states = {
+        0: {
+            "rank": 0,
+            "records": [record(1, "allreduce", "a.py:1"), record(2, "allreduce", "hang.py:9", done=False)],
+            "command": "call_function",
+            "now": time.time(),
+        },
+        1: {"rank": 1, "records": [record(1, "allreduce", "a.py:1")], "command": None, "now": time.time()},
+    }
+    return analyze(states)
+
+
+def test_widget_dashboard_tracer_view_highlights_the_divergence_and_offers_keep_waiting_while_hung(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("ipywidgets")
+    session = FakeSession(tmp_path)
+    dashboard = open_dashboard(session, mode="widget")
+    before = dashboard._tracer.value
+    hidden_before = dashboard.keep_waiting_button.layout.display
+
+    session.last_trace, session.last_trace_time = _diverged_trace(), time.time()
+    session.hung = {"command": "call_function", "seconds": 12.0, "kind": "extra collective", "path": "/x/report"}
+    dashboard.refresh()
+
+    assert "no collective trace yet" in before and hidden_before == "none"
+    assert "HUNG" in dashboard._tracer.value and "extra collective" in dashboard._tracer.value
+    assert "background:#fdd" in dashboard._tracer.value and "hang.py:9" in dashboard._tracer.value
+    assert dashboard.keep_waiting_button.layout.display is None
+    assert dashboard.terminate_button.layout.display is None
+    dashboard.close()
+
+
+def test_format_status_text_shows_rank_progress_the_latest_trace_and_a_hang() -> None:
+    status = {
+        "step": 3,
+        "ranks": {0: {"pid": 1, "heartbeat_age_s": 0.1, "command": "update", "progress": (2, 8), "alive": True}},
+        "trace": {"time": time.time(), "ok": False, "headline": "COLLECTIVE DIVERGENCE: extra collective"},
+        "hung": {"command": "update", "seconds": 40.0, "kind": "extra collective", "path": "/x"},
+    }
+
+    text = format_status_text(status)
+
+    assert "update (2/8)" in text
+    assert "COLLECTIVE DIVERGENCE: extra collective" in text
+    assert "HUNG: command update for 40 s" in text and "keep_waiting" in text
