@@ -8,17 +8,26 @@
 3. DDP step time (forward, backward with its bucketed all-reduces, SGD step) of a small MLP on 2 ranks,
    traced group vs plain gloo group, interleaved step by step. Target: ratio <= 1.02.
 
-The default recipe's step (rollout + update + sync, ~0.1 s+) issues a handful of collectives, so its ratio is
-bounded by (3); this benchmark does not start a Session. Shared, noisy machine: quote ratios and medians.
+4. The default recipe's step (``recipes/grpo_reverse.py``'s config: rollout -> reward -> update -> sync on 2
+   background ranks) through two live Sessions, ``launch.tracer=True`` (the traced group and the hang watchdog)
+   and ``launch.tracer=False``, same model init and seed, stepped alternately (ABBA order per round so neither
+   always goes first). Target: ratio <= 1.02. Reported as the ratio of medians and the median of per-round
+   ratios.
 
-Usage: ``python benchmarks/tracer_overhead.py [--quick] [--json PATH]``.
+Shared, noisy machine: quote ratios and medians.
+
+Usage: ``python benchmarks/tracer_overhead.py [--quick] [--json PATH] [--skip-recipe]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import dataclasses
+import importlib.util
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -108,12 +117,62 @@ def _ranks(rank: int, world: int, calls: int, steps: int) -> dict[str, Any]:
     return {"latency_us": latency, "step_s": step_s, "records": len(tracer.get_tracer().records)}
 
 
+def _recipe_config() -> Any:
+    path = Path(__file__).resolve().parents[1] / "recipes" / "grpo_reverse.py"
+    spec = importlib.util.spec_from_file_location("grpo_reverse_recipe", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.config()
+
+
+async def recipe_step_s(rounds: int, warmup: int) -> dict[str, list[float]]:
+    """Per-step seconds of the default recipe through a tracer-on and a tracer-off Session, stepped alternately."""
+    from rlsdk import Session
+    from rlsdk.data import build_tiny_policy
+    from rlsdk.rewards import reverse_reward
+
+    base = _recipe_config()
+    root = Path(tempfile.mkdtemp(prefix="rlsdk-bench-tracer-"))
+    model_dir = root / "policy"
+    build_tiny_policy(model_dir, seed=base.seed)
+    sessions: dict[str, Any] = {}
+    times: dict[str, list[float]] = {"off": [], "on": []}
+    try:
+        for name, tracer in (("off", False), ("on", True)):
+            config = dataclasses.replace(
+                base,
+                model=dataclasses.replace(base.model, path=str(model_dir)),
+                launch=dataclasses.replace(base.launch, tracer=tracer),
+                observe=dataclasses.replace(
+                    base.observe, output_dir=str(root / name), console=False, tensorboard=False, log_level="WARNING"
+                ),
+            )
+            sessions[name] = await Session.start(config)
+        for index in range(warmup + rounds):
+            for name in ("off", "on") if index % 2 == 0 else ("on", "off"):
+                session = sessions[name]
+                start = time.perf_counter()
+                rollout = await session.rollout()
+                rollout = await session.reward(rollout, reverse_reward)
+                await session.update(rollout)
+                await session.sync_weights()
+                if index >= warmup:
+                    times[name].append(time.perf_counter() - start)
+    finally:
+        for session in sessions.values():
+            await session.close()
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="few repetitions: a smoke test, not a measurement")
     parser.add_argument("--json", default=None, help="write all figures to this JSON file")
+    parser.add_argument("--skip-recipe", action="store_true", help="skip (4), the two-Session recipe comparison")
     args = parser.parse_args()
     calls, steps = (2000, 30) if args.quick else (20000, 300)
+    rounds, warmup = (20, 3) if args.quick else (300, 10)
 
     record = record_cost_us(calls)
     per_rank = run_gloo_ranks(_ranks, 2, calls // 4, steps, timeout_s=600)
@@ -133,6 +192,21 @@ def main() -> None:
         f"  DDP MLP step: gloo {step['gloo']['median'] * 1e3:.2f} ms, traced {step['traced']['median'] * 1e3:.2f} ms,"
         f" ratio {ratio:.3f} (target <= 1.02)"
     )
+    recipe: dict[str, Any] | None = None
+    if not args.skip_recipe:
+        times = asyncio.run(recipe_step_s(rounds, warmup))
+        paired = [on / off for on, off in zip(times["on"], times["off"], strict=True)]
+        recipe = {
+            "step_s": {name: _stats(samples) for name, samples in times.items()},
+            "ratio_of_medians": statistics.median(times["on"]) / statistics.median(times["off"]),
+            "median_paired_ratio": statistics.median(paired),
+            "rounds": rounds,
+        }
+        print(
+            f"  default recipe step: tracer off {recipe['step_s']['off']['median'] * 1e3:.1f} ms, on "
+            f"{recipe['step_s']['on']['median'] * 1e3:.1f} ms, ratio {recipe['ratio_of_medians']:.3f} "
+            f"(median paired {recipe['median_paired_ratio']:.3f}; target <= 1.02; {rounds} rounds)"
+        )
     write_json(
         args.json,
         {
@@ -140,6 +214,7 @@ def main() -> None:
             "all_reduce_us": latency,
             "ddp_step_s": step,
             "ddp_step_ratio": ratio,
+            "recipe": recipe,
             "quick": args.quick,
         },
     )
