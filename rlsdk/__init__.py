@@ -33,6 +33,10 @@ _PUBLIC = {
     "StaleRolloutError": "rlsdk.versioning",
     "WeightMismatchError": "rlsdk.versioning",
     "VersionLedger": "rlsdk.versioning",
+    "InferenceServerError": "rlsdk.engine.inference.vllm_server",
+    "WeightSyncError": "rlsdk.engine.inference.vllm",
+    "CollectiveHangError": "rlsdk.debug.watchdog",
+    "SessionClosedError": "rlsdk.session",
 }
 
 __all__ = sorted(_PUBLIC)
@@ -52,9 +56,12 @@ if TYPE_CHECKING:
         load_config,
     )
     from rlsdk.control.controller import RankError
+    from rlsdk.debug.watchdog import CollectiveHangError
     from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams
+    from rlsdk.engine.inference.vllm import WeightSyncError
+    from rlsdk.engine.inference.vllm_server import InferenceServerError
     from rlsdk.rewards.apply import RewardError
-    from rlsdk.session import Session
+    from rlsdk.session import Session, SessionClosedError
     from rlsdk.versioning import StaleRolloutError, VersionLedger, WeightMismatchError
     from rlsdk.workflow.rollout import Rollout
     from rlsdk.workflow.single_turn import RolloutWorkflow
