@@ -4,8 +4,8 @@ Input: one *state* per rank, as :func:`rlsdk.debug.tracer.snapshot` returns it (
 ``now``, ``groups``; optionally ``stacks``), or for a rank that did not answer ``{"rank": r, "crashed": True,
 "records": [...from its crash-safe tail...], "detail": "..."}``.
 
-Per process group, records are aligned by their per-group sequence number (p2p calls are not aligned: they are
-shown, not compared). The first sequence number where the ranks disagree is the divergence:
+Per process group, collective records are aligned by their per-group sequence number. The first sequence number
+where the ranks disagree is the divergence:
 
 - every rank has the call, but they differ: ``op mismatch`` (or ``extra collective`` when one side's next call
   matches, or when only one side's call site sits in a rank-conditional branch), ``shape mismatch``, ``dtype
@@ -13,6 +13,17 @@ shown, not compared). The first sequence number where the ranks disagree is the 
 - some ranks lack it: ``crashed rank`` (the rank is dead), ``straggler`` (the rank still runs the same command
   and is not inside a collective: slow, not a desync), ``missing collective`` (the rank finished or moved on),
   ``extra collective`` (a minority of ranks issued it; with two ranks, when its call site is rank-conditional).
+
+Point-to-point calls are paired per (sender, receiver) and group, in order: the k-th ``send`` from a to b pairs
+with b's k-th ``recv`` from a (the tracer's ``peer_seq``). Any-source receives (``recv_anysource``) are paired
+afterwards, by order, with the sends to that rank no explicit receive took (a completed one with the sender the
+tracer learned takes that sender's oldest such send first); mixing explicit and any-source receives from one
+peer can pair the wrong messages, though the counts stay right. A pair whose shapes or dtypes differ is a
+``shape mismatch`` / ``dtype mismatch`` (both ranks named). A call without a counterpart is ``p2p unmatched``
+(the peer lacking it is named) when the peer finished, moved to another command, or is stuck elsewhere while the
+caller waits; ``straggler`` when the peer still computes; ``crashed rank`` when it died. A missing/extra
+collective whose lagging rank is stuck in an unmatched p2p call is reported as that p2p divergence, which
+explains it (e.g. rank 0 waits in ``recv`` from 1 while rank 1 waits in an ``allreduce`` rank 0 never reaches).
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ KINDS = (
     "source mismatch",
     "crashed rank",
     "straggler",
+    "p2p unmatched",
 )
 """Every divergence kind :func:`analyze` reports."""
 
@@ -58,7 +70,8 @@ class Divergence:
         kind: one of :data:`KINDS`.
         ranks: the rank(s) at fault (the minority, the lagging or the dead ones).
         group: process group name (``"0"`` is WORLD).
-        seq: per-group sequence number of the diverging call.
+        seq: per-group sequence number of the diverging call (p2p: the p2p sequence number, on the rank of the
+            first side, of the unmatched call or of the send).
         sides: one entry per rank involved: ``rank``, ``record`` (the rank's call at ``seq``, or its last call
             in the group when it has none) and ``state`` (``waiting``, ``done``, ``idle``, ``busy``, ``crashed``).
         message: one line for humans.
@@ -195,15 +208,28 @@ def analyze(
     check = site_check or _default_site_check
     ranks = sorted(states)
     found: list[tuple[float, Divergence]] = []
+    p2p_found: list[tuple[float, Divergence]] = []
     for group in sorted({rec["group"] for st in states.values() for rec in st.get("records", ())}):
         members = _members(states, group)
-        div = _compare_group(states, group, members, check)
-        if div is not None:
-            t0 = min(
-                (float(side["record"]["t_start"]) for side in div.sides if side.get("record")),
-                default=float("inf"),
-            )
-            found.append((t0, div))
+        for div, into in (
+            (_compare_group(states, group, members, check), found),
+            (_match_p2p(states, group), p2p_found),
+        ):
+            if div is not None:
+                into.append((_first_start(div), div))
+    if p2p_found:
+        # a rank stuck in a p2p call is absent from the next collective: the p2p divergence is the cause
+        stuck_in_p2p = {
+            rank
+            for rank, st in states.items()
+            if any(_pending(rec) and rec.get("p2p") for rec in st.get("records", ()))
+        }
+        found = [
+            item
+            for item in found
+            if item[1].kind not in _ABSENCE_KINDS or not {side["rank"] for side in item[1].sides} & stuck_in_p2p
+        ]
+    found += p2p_found
     divergence = min(found, key=lambda item: item[0])[1] if found else None
     if divergence is None:
         dead = [rank for rank in ranks if states[rank].get("crashed")]
@@ -217,6 +243,192 @@ def analyze(
                 f"rank(s) {dead} died or stopped answering ({states[dead[0]].get('detail', 'no detail')})",
             )
     return TraceReport(divergence, {r: dict(states[r]) for r in ranks}, _summary(states))
+
+
+_ABSENCE_KINDS = ("missing collective", "extra collective", "straggler")
+
+
+def _first_start(div: Divergence) -> float:
+    return min(
+        (float(side["record"]["t_start"]) for side in div.sides if side.get("record")),
+        default=float("inf"),
+    )
+
+
+def _pending(rec: Mapping[str, Any]) -> bool:
+    return rec.get("t_end") is None and not rec.get("from_tail")
+
+
+def _truncated(state: Mapping[str, Any]) -> bool:
+    """Older records may be gone: a full ring buffer, or a crashed rank's short tail."""
+    capacity = state.get("capacity")
+    return bool(state.get("crashed")) or (capacity is not None and len(state.get("records", ())) >= capacity)
+
+
+def _match_p2p(states: Mapping[int, Mapping[str, Any]], group: str) -> Divergence | None:
+    """Pair sends with receives in ``group`` (see the module docstring); the earliest divergence, or ``None``."""
+    sends: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
+    recvs: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
+    anysource: dict[int, list[dict[str, Any]]] = {}
+    for rank, state in states.items():
+        for rec in state.get("records", ()):
+            if rec["group"] != group or not rec.get("p2p"):
+                continue
+            if rec["op"] == "send" and rec.get("peer_seq") is not None:
+                sends.setdefault((rank, rec["root"]), {})[rec["peer_seq"]] = rec
+            elif rec["op"] == "recv" and rec.get("peer_seq") is not None:
+                recvs.setdefault((rec["root"], rank), {})[rec["peer_seq"]] = rec
+            elif rec["op"] in ("recv", "recv_anysource"):
+                anysource.setdefault(rank, []).append(rec)
+    found: list[tuple[float, Divergence]] = []
+    unmatched: list[tuple[int, int, dict[str, Any]]] = []  # (holder, peer or -1 for any source, record)
+    for src, dst in sorted(set(sends) | set(recvs)):
+        if src not in states or dst not in states:
+            continue
+        sent, got = sends.get((src, dst), {}), recvs.get((src, dst), {})
+        sides = ((src, sent), (dst, got))
+        if any(_truncated(states[rank]) and not keys for rank, keys in sides):
+            # nothing left to compare against; a waiting call on a dead peer is still a crashed rank
+            for rank, keys in sides:
+                peer = dst if rank == src else src
+                unmatched += [(rank, peer, rec) for rec in keys.values() if _pending(rec)]
+            continue
+        lo = max([min(keys) for rank, keys in sides if _truncated(states[rank]) and keys] + [1])
+        for k in range(lo, max([*sent, *got]) + 1):
+            send, recv = sent.get(k), got.get(k)
+            if send is not None and recv is not None:
+                div = _p2p_mismatch(states, group, src, dst, k, send, recv)
+                if div is not None:
+                    found.append((_first_start(div), div))
+            elif send is not None:
+                unmatched.append((src, dst, send))
+            elif recv is not None:
+                unmatched.append((dst, src, recv))
+    # any-source receives take the sends no explicit receive took, oldest first
+    for dst, pool in anysource.items():
+        spare = sorted(
+            (item for item in unmatched if item[2]["op"] == "send" and item[1] == dst), key=lambda i: i[2]["t_start"]
+        )
+        for recv in sorted(pool, key=lambda rec: rec["t_start"]):
+            pick = next((item for item in spare if recv.get("root") in (None, item[0])), None)
+            if pick is None:
+                unmatched.append((dst, -1 if recv.get("root") is None else recv["root"], recv))
+                continue
+            spare.remove(pick)
+            unmatched.remove(pick)
+            div = _p2p_mismatch(states, group, pick[0], dst, pick[2].get("peer_seq"), pick[2], recv)
+            if div is not None:
+                found.append((_first_start(div), div))
+    for holder, peer, rec in unmatched:
+        div = _p2p_unmatched(states, group, holder, peer, rec)
+        if div is not None:
+            found.append((_first_start(div), div))
+    return min(found, key=lambda item: item[0])[1] if found else None
+
+
+def _p2p_mismatch(
+    states: Mapping[int, Mapping[str, Any]],
+    group: str,
+    src: int,
+    dst: int,
+    k: int | None,
+    send: dict[str, Any],
+    recv: dict[str, Any],
+) -> Divergence | None:
+    for key, kind in (("shapes", "shape mismatch"), ("dtypes", "dtype mismatch")):
+        a, b = _fmt(send.get(key)), _fmt(recv.get(key))
+        if a != b:
+            return Divergence(
+                kind,
+                sorted({src, dst}),
+                group,
+                send["seq"],
+                [_side(states, src, send), _side(states, dst, recv)],
+                f"group {group} p2p #{k} from rank {src} to rank {dst}: send at {send.get('site')} {key}={a} "
+                f"(rank {src} p2p seq {send['seq']}), recv at {recv.get('site')} {key}={b} "
+                f"(rank {dst} p2p seq {recv['seq']})",
+            )
+    return None
+
+
+def _p2p_unmatched(
+    states: Mapping[int, Mapping[str, Any]], group: str, holder: int, peer: int, rec: dict[str, Any]
+) -> Divergence | None:
+    """A call without a counterpart: a divergence unless it is merely in flight (see the module docstring)."""
+    sending = rec["op"] == "send"
+    what = f"{rec['op']} {'to' if sending else 'from'} rank {peer}" if peer >= 0 else f"{rec['op']} from any rank"
+    where = f"group {group}, rank {holder} p2p seq {rec['seq']}" + (
+        f", #{rec['peer_seq']} between them" if rec.get("peer_seq") is not None else ""
+    )
+    if peer < 0:  # an any-source receive no send reaches: every other rank could be the culprit
+        others = [rank for rank in sorted(states) if rank != holder]
+        if not _pending(rec) or not others:
+            return None
+        return Divergence(
+            "p2p unmatched",
+            others,
+            group,
+            rec["seq"],
+            [_side(states, holder, rec)] + [_p2p_peer_side(states, rank) for rank in others],
+            f"rank {holder} waits in {what} at {rec.get('site')} ({where}); no rank sends to it",
+        )
+    peer_state = states[peer]
+    sides = [_side(states, holder, rec), _p2p_peer_side(states, peer)]
+    counterpart = "recv" if sending else "send"
+    if peer_state.get("crashed"):
+        return Divergence(
+            "crashed rank",
+            [peer],
+            group,
+            rec["seq"],
+            sides,
+            f"rank {peer} died before the {counterpart} matching rank {holder}'s {what} at {rec.get('site')} "
+            f"({where}; {peer_state.get('detail', '')})",
+        )
+    peer_pending = [r for r in peer_state.get("records", ()) if _pending(r)]
+    holder_pending = [r for r in states[holder].get("records", ()) if _pending(r)]
+    command = (rec.get("command"), rec.get("command_seq"))
+    same_command = (peer_state.get("command"), peer_state.get("command_seq")) == command and command[0] is not None
+    if not same_command:
+        state = "finished it" if peer_state.get("command") is None else f"moved on to {peer_state.get('command')}"
+        detail = f"rank {peer} {state}"
+    elif peer_pending and holder_pending:
+        stuck = peer_pending[-1]
+        # both inside the same collective: it completes, and the p2p call after it may still be matched
+        if any(
+            not r.get("p2p") and not stuck.get("p2p") and (r["group"], r["seq"]) == (stuck["group"], stuck["seq"])
+            for r in holder_pending
+        ):
+            return None
+        detail = f"rank {peer} is stuck in {_describe(stuck)}"
+    elif not peer_pending and _pending(rec):
+        wait = _age(states[holder], rec)
+        return Divergence(
+            "straggler",
+            [peer],
+            group,
+            rec["seq"],
+            sides,
+            f"rank {peer} has not reached the {counterpart} matching rank {holder}'s {what} at {rec.get('site')} "
+            f"({where}) yet: still running command {command[0]} outside any collective while rank {holder} waits"
+            f"{'' if wait is None else f' {wait:.1f} s'} (slow, not a desync)",
+        )
+    else:
+        return None  # in flight: the peer may still post it
+    return Divergence(
+        "p2p unmatched",
+        [peer],
+        group,
+        rec["seq"],
+        sides,
+        f"rank {holder}'s {what} at {rec.get('site')} ({where}) has no matching {counterpart} on rank {peer}: {detail}",
+    )
+
+
+def _p2p_peer_side(states: Mapping[int, Mapping[str, Any]], rank: int) -> dict[str, Any]:
+    records = states[rank].get("records", ())
+    pending = [rec for rec in records if _pending(rec)]
+    return _side(states, rank, pending[-1] if pending else _last(records))
 
 
 def _members(states: Mapping[int, Mapping[str, Any]], group: str) -> list[int]:
@@ -446,8 +658,9 @@ def _summary(states: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for rank in sorted(states):
         state = states[rank]
+        pending = [rec for rec in state.get("records", ()) if _pending(rec)]
         records = [rec for rec in state.get("records", ()) if not rec.get("p2p")] or list(state.get("records", ()))
-        last = records[-1] if records else None
+        last = pending[-1] if pending else records[-1] if records else None
         rows.append(
             {
                 "rank": rank,

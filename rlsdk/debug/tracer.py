@@ -15,6 +15,7 @@ control channel sends to the controller while the main thread is blocked inside 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import marshal
 import os
@@ -57,10 +58,12 @@ FIELDS = (
     "stack",  # up to 4 "file:line in function" frames above the call site, innermost first
     "t_start",  # time.monotonic() when the call was issued
     "t_end",  # when the call was seen completed (None: not completed when the snapshot was taken)
+    "peer_seq",  # send/recv: 1-based count of this op kind between this rank and that peer in the group; else None
 )
 """Field names of a record, in order (records are tuples internally and dicts in snapshots)."""
 
 _T_END = FIELDS.index("t_end")
+_ROOT = FIELDS.index("root")
 TAIL_SLOTS = 16
 """Records mirrored into the crash-safe tail file."""
 _TAIL_SLOT_BYTES = 1024
@@ -95,6 +98,7 @@ class Tracer:
         self.rank = int(os.environ.get("RANK", "0"))
         self.groups: dict[str, dict[str, Any]] = {}
         self._seq: dict[tuple[str, bool], int] = {}
+        self._peer_seq: dict[tuple[str, str, int], int] = {}
         self._internal: dict[Any, bool] = {}  # code object -> "inside torch/rlsdk internals"
         self._prefixes: tuple[str, ...] | None = None
         self.errors: list[str] = []
@@ -129,6 +133,12 @@ class Tracer:
         key = (group, p2p)
         seq = self._seq.get(key, 0) + 1
         self._seq[key] = seq
+        peer_seq = None
+        if p2p and root is not None:
+            # the k-th send from a to b pairs with b's k-th recv from a (analyze matches on it)
+            peer_key = (group, op, root)
+            peer_seq = self._peer_seq.get(peer_key, 0) + 1
+            self._peer_seq[peer_key] = peer_seq
         frame = sys._getframe(2)
         is_internal = self._is_internal
         while frame is not None and is_internal(frame.f_code):
@@ -161,6 +171,7 @@ class Tracer:
             stack,
             time.monotonic(),
             None,
+            peer_seq,
         ]
         self.records.append(rec)
         if self._tail is not None:
@@ -176,11 +187,11 @@ class Tracer:
         if polled:
             last_rec, last_work = polled[-1]
             if last_rec[_T_END] is None and last_work.is_completed():
-                last_rec[_T_END] = time.monotonic()
+                _completed(last_rec, last_work, time.monotonic())
             if len(polled) == polled.maxlen:
                 old_rec, old_work = polled[0]
                 if old_rec[_T_END] is None and old_work.is_completed():
-                    old_rec[_T_END] = time.monotonic()
+                    _completed(old_rec, old_work, time.monotonic())
         polled.append((rec, work))
 
     # ------------------------------------------------------------------ crash-safe tail
@@ -200,7 +211,7 @@ class Tracer:
 
     def _write_tail(self, rec: list[Any]) -> None:
         try:
-            data = marshal.dumps((self.rank, *rec[:11], rec[12]))
+            data = marshal.dumps((self.rank, *rec[:11], rec[12], rec[14]))
         except ValueError:
             return
         if len(data) > _TAIL_SLOT_BYTES - 4:
@@ -219,7 +230,7 @@ class Tracer:
         now = time.monotonic()
         for rec, work in list(self.polled):
             if rec[_T_END] is None and work.is_completed():
-                rec[_T_END] = now  # completed at or before now
+                _completed(rec, work, now)  # completed at or before now
         records = []
         for rec in list(self.records):  # list(): a consistent copy while the main thread appends
             item = dict(zip(FIELDS, rec, strict=True))
@@ -240,6 +251,14 @@ class Tracer:
             "records": records,
             "errors": list(self.errors[-5:]),
         }
+
+
+def _completed(rec: list[Any], work: Any, now: float) -> None:
+    rec[_T_END] = now
+    if rec[3] == "recv_anysource" and rec[_ROOT] is None:
+        # which peer the message came from: analyze pairs it with that peer's send (best effort)
+        with contextlib.suppress(RuntimeError, AttributeError, ValueError):
+            rec[_ROOT] = int(work._source_rank())
 
 
 _TRACER: Tracer | None = None
@@ -280,11 +299,11 @@ def read_tail(path: str) -> list[dict[str, Any]]:
         if not 0 < size <= _TAIL_SLOT_BYTES - 4:
             continue
         try:
-            rank, *fields, t_start = marshal.loads(data[offset + 4 : offset + 4 + size])
+            rank, *fields, t_start, peer_seq = marshal.loads(data[offset + 4 : offset + 4 + size])
+            item = dict(zip(FIELDS[:11], fields, strict=True))
         except (ValueError, EOFError, TypeError):
             continue
-        item = dict(zip(FIELDS[:11], fields, strict=True))
-        item.update(rank=rank, stack=[], t_start=t_start, t_end=None, from_tail=True)
+        item.update(rank=rank, stack=[], t_start=t_start, t_end=None, peer_seq=peer_seq, from_tail=True)
         records.append(item)
     records.sort(key=lambda item: item["t_start"])
     return records
@@ -323,6 +342,44 @@ def _flat(tensors: Any) -> list[Any]:
             out.extend(_flat(item)) if isinstance(item, (list, tuple)) else out.append(item)
         return out
     return [tensors]
+
+
+_WORKS_CLASS: type | None = None
+
+
+def _works(works: list[Any]) -> Any:
+    """One Work over ``works``: waiting waits for each; completed once each reports completion or once ``wait``
+    returned. Also used alone: gloo's reduce-scatter Work never reports ``is_completed()`` (torch 2.13)."""
+    global _WORKS_CLASS
+    if _WORKS_CLASS is None:
+        import torch.distributed as dist
+
+        class _Works(dist.Work):  # type: ignore[misc]
+            def __init__(self, works: list[Any]) -> None:
+                super().__init__()
+                self._works = works
+                self._waited = False
+
+            def wait(self, timeout: Any = None) -> bool:
+                for work in self._works:
+                    work.wait() if timeout is None else work.wait(timeout)
+                self._waited = True
+                return True
+
+            def is_completed(self) -> bool:
+                return self._waited or all(work.is_completed() for work in self._works)
+
+            def is_success(self) -> bool:
+                return all(work.is_success() for work in self._works)
+
+        _WORKS_CLASS = _Works
+    return _WORKS_CLASS(works)
+
+
+def _coalesced(call: Callable[[Any, Any, Any], Any], outputs: Sequence[Any], inputs: Sequence[Any], opts: Any) -> Any:
+    """Gloo's Python binding has no coalesced tensor collectives: issue one per (output, input) pair, in the same
+    order on every rank, under one Work."""
+    return _works([call(output, input, opts) for output, input in zip(outputs, inputs, strict=True)])
 
 
 def _make_group_class() -> type:
@@ -409,7 +466,64 @@ def _make_group_class() -> type:
                 inputs,
                 None,
                 None,
-                lambda: self._gloo.allgather_into_tensor_coalesced(outputs, inputs, opts),
+                lambda: _coalesced(self._gloo._allgather_base, outputs, inputs, opts),
+                False,
+            )
+
+        # torch 2.13 names: dist.all_gather_single / reduce_scatter_single / all_to_all_single (FSDP2 calls the
+        # first two from Python) and the *_coalesced variants (functional collectives call them from C++).
+        def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:
+            opts = opts if opts is not None else dist.AllgatherOptions()
+            return self._go(
+                "all_gather_single", [input], None, None, lambda: self._gloo._allgather_base(output, input, opts), False
+            )
+
+        def all_gather_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+            opts = opts if opts is not None else dist.AllgatherOptions()
+            return self._go(
+                "all_gather_single_coalesced",
+                inputs,
+                None,
+                None,
+                lambda: _coalesced(self._gloo._allgather_base, outputs, inputs, opts),
+                False,
+            )
+
+        def reduce_scatter_single(self, output: Any, input: Any, opts: Any = None) -> Any:
+            opts = opts if opts is not None else dist.ReduceScatterOptions()
+            return self._go(
+                "reduce_scatter_single",
+                [input],
+                _reduce_name(opts),
+                None,
+                lambda: _works([self._gloo._reduce_scatter_base(output, input, opts)]),
+                False,
+            )
+
+        def reduce_scatter_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+            opts = opts if opts is not None else dist.ReduceScatterOptions()
+            return self._go(
+                "reduce_scatter_single_coalesced",
+                inputs,
+                _reduce_name(opts),
+                None,
+                lambda: _coalesced(self._gloo._reduce_scatter_base, outputs, inputs, opts),
+                False,
+            )
+
+        def all_to_all_single(
+            self, output: Any, input: Any, output_split: Any, input_split: Any, opts: Any = None
+        ) -> Any:
+            if not isinstance(opts, dist.AllToAllOptions):  # the overload that takes a timeout
+                timeout, opts = opts, dist.AllToAllOptions()
+                if timeout is not None:
+                    opts.timeout = timeout
+            return self._go(
+                "all_to_all_single",
+                [input],
+                None,
+                None,
+                lambda: self._gloo.alltoall_base(output, input, output_split, input_split, opts),
                 False,
             )
 
@@ -439,7 +553,7 @@ def _make_group_class() -> type:
                 [input],
                 _reduce_name(opts),
                 None,
-                lambda: self._gloo._reduce_scatter_base(output, input, opts),
+                lambda: _works([self._gloo._reduce_scatter_base(output, input, opts)]),
                 False,
             )
 
@@ -449,7 +563,7 @@ def _make_group_class() -> type:
                 inputs,
                 _reduce_name(opts),
                 None,
-                lambda: self._gloo.reduce_scatter_tensor_coalesced(outputs, inputs, opts),
+                lambda: _coalesced(self._gloo._reduce_scatter_base, outputs, inputs, opts),
                 False,
             )
 

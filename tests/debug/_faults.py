@@ -99,3 +99,58 @@ def session_hang(worker: object) -> dict[str, int]:
     if rank == 0:
         dist.all_reduce(torch.ones(3))  # SESSION_HANG_SITE
     return {"rank": rank}
+
+
+# Point-to-point faults (p2p pairs are rank-conditional by nature).
+
+
+def send_never_received(rank: int, world: int) -> None:
+    _warmup()
+    if rank == 0:
+        dist.send(torch.ones(4), 1)  # UNRECEIVED_SEND_SITE
+    dist.all_reduce(torch.ones(4))  # AFTER_SEND_SITE: rank 1 waits here; gloo's send waits for the recv
+
+
+def recv_never_sent(rank: int, world: int) -> None:
+    _warmup()
+    if rank == 0:
+        dist.recv(torch.empty(4), 1)  # UNSENT_RECV_SITE
+    else:
+        return  # rank 1 finishes the command without sending
+
+
+def p2p_recv_too_small(rank: int, world: int) -> None:
+    _warmup()
+    if rank == 0:
+        dist.send(torch.ones(6), 1)  # P2P_SEND_SITE
+    else:
+        dist.recv(torch.empty(4), 0)  # P2P_RECV_SITE: gloo aborts this rank (SIGABRT)
+
+
+def p2p_recv_too_large(rank: int, world: int) -> None:
+    _warmup()
+    if rank == 0:
+        dist.send(torch.ones(4), 1)  # P2P_SMALL_SEND_SITE
+    else:
+        dist.recv(torch.empty(6), 0)  # P2P_LARGE_RECV_SITE: gloo completes it silently
+
+
+def ping_pong(rank: int, world: int, rounds: int = 50) -> None:
+    _warmup()
+    ball = torch.zeros(3)
+    for _ in range(rounds):
+        if rank == 0:
+            dist.send(ball + 1, 1)
+            dist.recv(ball, 1)
+        else:
+            dist.recv(ball, 0)
+            dist.send(ball + 1, 0)
+    dist.all_reduce(ball)
+
+
+def recv_while_peer_reduces(rank: int, world: int) -> None:
+    _warmup()
+    if rank == 0:
+        dist.recv(torch.empty(4), 1)  # RECV_VS_REDUCE_SITE
+    else:
+        dist.all_reduce(torch.ones(4))  # REDUCE_VS_RECV_SITE

@@ -147,7 +147,7 @@ def test_analyze_compares_only_the_window_every_ring_buffer_still_holds() -> Non
 
 
 def test_analyze_every_kind_is_documented() -> None:
-    assert len(KINDS) == 9
+    assert len(KINDS) == 10
 
 
 def test_report_views_text_html_flight_recorder_and_reload(tmp_path) -> None:
@@ -193,3 +193,96 @@ def test_trace_show_cli_prints_the_divergence_and_exports_for_the_flight_recorde
     assert code == 1
     assert fr.returncode == 0, fr.stderr
     assert "COLLECTIVE_TYPE_MISMATCH" in fr.stdout + fr.stderr and "Culprit rank 1" in fr.stdout + fr.stderr
+
+
+def p2p(
+    seq: int, op: str, peer: int | None, peer_seq: int | None, *, shape: tuple[int, ...] = (4,),
+    dtype: str = "float32", site: str = "pp.py:5", done: bool = True, t: float = 0.0,
+) -> dict[str, Any]:  # fmt: skip
+    item = rec(seq, op, shape=shape, dtype=dtype, root=peer, site=site, done=done, t=t)
+    return item | {"p2p": True, "peer_seq": peer_seq}
+
+
+def test_analyze_when_sends_and_recvs_pair_up_reports_no_divergence() -> None:
+    states = {
+        0: state(0, *(p2p(k, "send", 1, k) for k in range(1, 4)), rec(1, t=5.0)),
+        1: state(1, *(p2p(k, "recv", 0, k) for k in range(1, 4)), rec(1, t=5.0)),
+    }
+
+    assert analyze(states, site_check=never).ok
+
+
+def test_analyze_when_send_has_no_recv_and_peer_finished_reports_p2p_unmatched_naming_both_ranks() -> None:
+    states = {
+        0: state(0, p2p(1, "send", 1, 1), p2p(2, "send", 1, 2, site="pp.py:9", done=False)),
+        1: state(1, p2p(1, "recv", 0, 1), command=None),
+    }
+
+    div = analyze(states, site_check=never).divergence
+
+    assert div is not None and (div.kind, div.ranks, div.seq) == ("p2p unmatched", [1], 2)
+    assert [side["rank"] for side in div.sides] == [0, 1] and div.sides[0]["record"]["site"] == "pp.py:9"
+    assert "rank 0" in div.message and "rank 1" in div.message and "pp.py:9" in div.message
+
+
+def test_analyze_when_rank0_waits_in_recv_while_rank1_waits_in_all_reduce_reports_the_p2p_cause() -> None:
+    states = {
+        0: state(0, rec(1), p2p(1, "recv", 1, 1, site="pp.py:7", done=False, t=1.0)),
+        1: state(1, rec(1), rec(2, site="train.py:30", done=False)),
+    }
+
+    div = analyze(states, site_check=never).divergence
+
+    assert div is not None and (div.kind, div.ranks, div.seq) == ("p2p unmatched", [1], 1)
+    assert {side["record"]["site"] for side in div.sides} == {"pp.py:7", "train.py:30"}
+    assert "allreduce seq 2" in div.message
+
+
+def test_analyze_when_peer_still_computes_reports_p2p_straggler_and_in_flight_send_is_not_a_divergence() -> None:
+    waiting = {0: state(0, p2p(1, "send", 1, 1, done=False)), 1: state(1)}
+    in_flight = {0: state(0, p2p(1, "send", 1, 1)), 1: state(1)}  # completed on rank 0, recv not recorded yet
+
+    div = analyze(waiting, site_check=never).divergence
+
+    assert div is not None and (div.kind, div.ranks) == ("straggler", [1])
+    assert analyze(in_flight, site_check=never).ok
+
+
+@pytest.mark.parametrize(
+    ("recv", "kind"), [({"shape": (6,)}, "shape mismatch"), ({"dtype": "int64"}, "dtype mismatch")]
+)
+def test_analyze_when_send_and_recv_tensors_differ_reports_mismatch_with_both_call_sites(
+    recv: dict[str, Any], kind: str
+) -> None:
+    states = {
+        0: state(0, p2p(1, "send", 1, 1, site="a.py:1")),
+        1: state(1, p2p(1, "recv", 0, 1, site="b.py:2", **recv)),
+    }
+
+    div = analyze(states, site_check=never).divergence
+
+    assert div is not None and (div.kind, div.ranks, div.seq) == (kind, [0, 1], 1)
+    assert "a.py:1" in div.message and "b.py:2" in div.message
+
+
+def test_analyze_pairs_any_source_receives_by_order_and_with_the_learned_sender() -> None:
+    groups = {"0": {"ranks": [0, 1, 2]}}
+    states = {
+        0: state(0, p2p(1, "send", 2, 1, t=0.1)) | {"groups": groups},
+        1: state(1, p2p(1, "send", 2, 1, shape=(8,), t=0.2)) | {"groups": groups},
+        2: state(2, p2p(1, "recv_anysource", 1, None, shape=(8,)), p2p(2, "recv_anysource", None, None, t=1.0))
+        | {"groups": groups},
+    }
+
+    assert analyze(states, site_check=never).ok
+    states[2]["records"].pop()  # rank 0's send is left without a receive; rank 2 finished
+    states[2]["command"] = None
+    div = analyze(states, site_check=never).divergence
+    assert div is not None and (div.kind, div.ranks, div.sides[0]["rank"]) == ("p2p unmatched", [2], 0)
+
+
+def test_analyze_pairs_p2p_only_in_the_window_every_ring_buffer_still_holds() -> None:
+    full = state(0, *(p2p(k, "send", 1, k) for k in range(5, 9))) | {"capacity": 4}
+    states = {0: full, 1: state(1, *(p2p(k, "recv", 0, k) for k in range(1, 9)))}
+
+    assert analyze(states, site_check=never).ok

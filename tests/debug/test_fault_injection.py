@@ -47,6 +47,12 @@ CASES = [
     ("straggler", "straggler", [1], 2, ["STRAGGLER_SITE"]),
     ("only_main_process", "extra collective", [0], 2, ["MAIN_ONLY_SITE"]),
     ("ddp_unused_parameter", "shape mismatch", [1], 4, ["DDP_BACKWARD_SITE", "DDP_NEXT_SITE"]),
+    # point-to-point: seq is the p2p sequence number on the first side's rank
+    ("send_never_received", "p2p unmatched", [1], 1, ["UNRECEIVED_SEND_SITE", "AFTER_SEND_SITE"]),
+    ("recv_never_sent", "p2p unmatched", [1], 1, ["UNSENT_RECV_SITE"]),
+    ("recv_while_peer_reduces", "p2p unmatched", [1], 1, ["RECV_VS_REDUCE_SITE", "REDUCE_VS_RECV_SITE"]),
+    ("p2p_recv_too_small", "shape mismatch", [0, 1], 1, ["P2P_SEND_SITE", "P2P_RECV_SITE"]),
+    ("p2p_recv_too_large", "shape mismatch", [0, 1], 1, ["P2P_SMALL_SEND_SITE", "P2P_LARGE_RECV_SITE"]),
 ]
 
 
@@ -64,6 +70,16 @@ def test_fault_on_two_ranks_is_diagnosed_within_10s_of_the_diverging_call(
     assert result.latency_s is None or result.latency_s < 10.0  # None: the lagging side never issued it
     assert site(sites[0]) in str(result.report)
     assert len(result.pids) == 2 and not any(alive(pid) for pid in result.pids)
+
+
+def test_clean_ping_pong_of_fifty_send_recv_pairs_gives_no_divergence() -> None:
+    result = diagnose(_faults.ping_pong, 2, within_s=2.0)
+
+    assert result.report.ok, str(result.report)
+    for state in result.report.states.values():
+        p2p = [rec for rec in state["records"] if rec["p2p"]]
+        assert len(p2p) == 100 and all(rec["t_end"] is not None for rec in p2p)
+        assert [rec["peer_seq"] for rec in p2p if rec["op"] == "send"] == list(range(1, 51))
 
 
 @pytest.mark.slow  # ~7 s each: 4 ranks on 2 shared cores
