@@ -131,3 +131,18 @@ def test_vllm_sync_that_times_out_raises_naming_version_server_and_cause_and_sti
 
     assert "v7" in str(error) and "http://127.0.0.1:9" in str(error) and "timed out" in str(error)
     assert calls == ["/pause", "/collective_rpc", "/resume"]
+
+
+def test_request_seeds_of_consecutive_rollouts_do_not_share_sample_streams() -> None:
+    from rlsdk.engine.inference.vllm import request_seed
+
+    group, groups, rollouts = 16, 16, 50
+    streams = [
+        {request_seed(seed, g * group) + i for g in range(groups) for i in range(group)}
+        for seed in range(1000, 1000 + rollouts)
+    ]  # vLLM seeds sample i of a request with request seed + i
+
+    assert all(len(stream) == group * groups for stream in streams)  # distinct within a rollout
+    assert len(set().union(*streams)) == group * groups * rollouts  # and across rollouts
+    assert all(0 <= request_seed(s, r) < 2**63 for s in (0, 2**62, -5) for r in (0, 1, 255))
+    assert request_seed(7, 16) == request_seed(7, 16)
