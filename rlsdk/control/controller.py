@@ -355,12 +355,14 @@ class ControllerChannel:
             RankError: a rank replied with an error; raised at once, later replies to the command are dropped.
             CommandTimeoutError: ``timeout_s`` passed before every rank replied; it names the silent ranks,
                 their last heartbeat age and their current command.
-            ValueError: ``body`` is a list whose length is not the number of ranks.
+            ValueError: ``body`` is a list whose length is not the number of ranks, or a body nests too deep or
+                is too large to encode.
             ControlError: no ranks are registered, the registered ranks are not ``0 .. N-1``, a rank's command
-                socket is not connected, the channel is not started or closed; or :class:`ProtocolError`
-                when a rank's reply does not unpickle.
+                socket is not connected, the channel is not started or closed; or :class:`PayloadError` (a
+                :class:`ProtocolError`) when a rank's reply does not decode.
             BaseException: the exception given to :meth:`fail_pending`.
-            pickle.PicklingError, TypeError, AttributeError: a body cannot be pickled.
+            TypeError: a body holds a value that :mod:`rlsdk.control.codec` cannot encode (the message names
+                its path).
         """
         self._check_usable()
         async with self._command_lock:

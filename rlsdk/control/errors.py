@@ -11,15 +11,20 @@ class ControlError(RuntimeError):
 
 
 class ProtocolError(ControlError):
-    """A message could not be accepted: malformed frames or header, or a payload that does not unpickle.
+    """A message could not be accepted: malformed frames or header, or a payload that does not decode.
 
-    ``header`` holds the parsed header when the message was authentic but its payload failed to unpickle, so
+    ``header`` holds the parsed header when the message was authentic but its payload failed to decode, so
     the receiver can still tell which command the unreadable reply belonged to; it is ``None`` otherwise.
     """
 
     def __init__(self, message: str, *, header: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.header = header
+
+
+class PayloadError(ProtocolError):
+    """An authentic message's payload is not a valid body (see ``rlsdk.control.codec``): unknown tag, disallowed
+    dtype, shape that does not match its bytes, buffer out of bounds, nesting too deep, payload too large."""
 
 
 class AuthenticationError(ProtocolError):

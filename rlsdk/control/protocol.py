@@ -7,15 +7,17 @@ peer identity frame in front):
   :data:`KINDS`; ``rank`` is the sending rank for messages from a rank and the destination rank for messages
   from the controller; ``time`` is the sender's wall clock (``time.time()``). ``command`` messages add
   ``"command": name``.
-- ``payload``: ``pickle`` (protocol 5) of the body; dicts holding tensors are allowed.
+- ``payload``: the body encoded by :mod:`rlsdk.control.codec`: plain values (``None``, ``bool``, ``int``,
+  ``float``, ``str``, ``bytes``, lists, tuples, dicts) and CPU tensors / numpy arrays, nothing else.
 - ``signature``: HMAC-SHA256 keyed with the session secret over ``len(header) as 8 big-endian bytes ||
   header || payload``. The length prefix makes the header/payload boundary part of what is signed, so bytes
   cannot be moved from one frame to the other under the same signature.
 
-:func:`decode` checks the signature with :func:`hmac.compare_digest` before it parses the header and before it
-unpickles anything: unpickling is code execution, so only holders of the secret can reach it. The secret is
-shared with the ranks through the environment (:data:`RLSDK_SESSION_SECRET`, hex), never the command line, so it
-does not show in ``ps``.
+:func:`decode` checks the signature with :func:`hmac.compare_digest` before it parses the header or the payload,
+so only holders of the secret reach the parsers. Nothing received is ever unpickled: the codec builds only plain
+values and tensors, so even a peer holding the secret cannot make the receiver run code. The secret is shared
+with the ranks through the environment (:data:`RLSDK_SESSION_SECRET`, hex), never the command line, so it does
+not show in ``ps``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import pickle
 import secrets
 import time
 import uuid
@@ -31,13 +32,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlsdk.control.errors import AuthenticationError, ProtocolError, SessionMismatchError
+from rlsdk.control import codec
+from rlsdk.control.errors import AuthenticationError, PayloadError, ProtocolError, SessionMismatchError
 
 __all__ = [
     "DEFAULT_HEARTBEAT_INTERVAL_S",
     "DEFAULT_HEARTBEAT_TIMEOUT_S",
     "KINDS",
-    "PICKLE_PROTOCOL",
     "RLSDK_CONTROL_ADDR",
     "RLSDK_HEARTBEAT_INTERVAL_S",
     "RLSDK_HEARTBEAT_TIMEOUT_S",
@@ -45,6 +46,7 @@ __all__ = [
     "RLSDK_SESSION_SECRET",
     "AuthenticationError",
     "Message",
+    "PayloadError",
     "ProtocolError",
     "SessionMismatchError",
     "decode",
@@ -77,7 +79,6 @@ KINDS = frozenset({"hello", "command", "result", "error", "log", "heartbeat", "s
 name``) asks the rank's event thread for state, e.g. the collective tracer's records, and is answered with a
 ``reply`` of the same seq; it works while the rank's main thread is blocked in a collective."""
 
-PICKLE_PROTOCOL = 5
 SIGNATURE_BYTES = hashlib.sha256().digest_size
 
 
@@ -147,12 +148,14 @@ _ONE_SHOT_BYTES = 1 << 16
 
 
 def dumps_body(body: Any) -> bytes:
-    """Pickle a body once, to send the same payload to many ranks with :func:`encode`'s ``payload``.
+    """Encode a body once (:func:`rlsdk.control.codec.encode`), to send the same payload to many ranks with
+    :func:`encode`'s ``payload``.
 
     Raises:
-        pickle.PicklingError, TypeError, AttributeError: ``body`` cannot be pickled.
+        TypeError: ``body`` holds a value the codec does not allow; the message names its path in the body.
+        ValueError: ``body`` nests too deep or encodes to more than ``codec.MAX_PAYLOAD_BYTES``.
     """
-    return pickle.dumps(body, protocol=PICKLE_PROTOCOL)
+    return codec.encode(body)
 
 
 def encode(
@@ -169,11 +172,11 @@ def encode(
     """Build the signed frames ``[header, payload, signature]`` of one message.
 
     ``extra`` adds JSON-serialisable header fields (it cannot override the standard ones). ``payload`` passes
-    an already pickled body (from :func:`dumps_body`); ``body`` is ignored then.
+    an already encoded body (from :func:`dumps_body`); ``body`` is ignored then.
 
     Raises:
-        ValueError: unknown ``kind``, or ``extra`` names a standard header field.
-        pickle.PicklingError, TypeError, AttributeError: ``body`` cannot be pickled.
+        ValueError: unknown ``kind``, or ``extra`` names a standard header field; or as :func:`dumps_body`.
+        TypeError: as :func:`dumps_body`.
     """
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r} is invalid: allowed {sorted(KINDS)}")
@@ -198,14 +201,16 @@ def encode(
 def decode(secret: bytes, frames: Sequence[bytes], *, session: str | None = None) -> Message:
     """Authenticate and decode the three frames of one message (without the ROUTER identity frame).
 
-    The order of checks is what makes it safe: frame count and signature first, then the header, then the
-    session id, and only then ``pickle.loads`` of the payload.
+    The order of checks: frame count and signature first, then the header, then the session id, and only then
+    the payload, which :func:`rlsdk.control.codec.decode` turns into plain values and tensors (never pickle).
 
     Raises:
         AuthenticationError: the signature is missing, has the wrong length or does not match.
         SessionMismatchError: ``session`` is given and the (authentic) header names another session.
-        ProtocolError: wrong number of frames, a header that is not a JSON object with the standard fields and
-            a known kind, or a payload that fails to unpickle (``__cause__`` holds the unpickling error).
+        PayloadError: the (authentic) payload does not decode; ``header`` holds the parsed header and
+            ``__cause__`` the codec's error.
+        ProtocolError: wrong number of frames, or a header that is not a JSON object with the standard fields
+            and a known kind.
     """
     if len(frames) != 3:
         raise ProtocolError(f"expected 3 frames [header, payload, signature], got {len(frames)}")
@@ -218,11 +223,11 @@ def decode(secret: bytes, frames: Sequence[bytes], *, session: str | None = None
     if session is not None and header["session"] != session:
         raise SessionMismatchError(f"message is for session {header['session']!r}, expected {session!r}")
     try:
-        body = pickle.loads(payload)
-    except Exception as exc:
-        raise ProtocolError(
+        body = codec.decode(payload)
+    except Exception as exc:  # PayloadError; anything else would be a codec bug, reported the same way
+        raise PayloadError(
             f"payload of a {header['kind']!r} message (seq {header['seq']}, rank {header['rank']}) does not "
-            f"unpickle: {type(exc).__name__}: {exc}",
+            f"decode: {type(exc).__name__}: {exc}",
             header=header,
         ) from exc
     return Message(

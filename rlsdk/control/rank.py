@@ -274,9 +274,11 @@ class RankChannel:
                 return command
 
     def send_result(self, seq: int, value: Any) -> None:
-        """Reply to command ``seq`` with ``value`` (picklable; tensors allowed) and clear the current command.
+        """Reply to command ``seq`` with ``value`` and clear the current command.
 
-        If ``value`` cannot be pickled, an error reply describing that is sent instead, so the controller
+        ``value`` must be encodable by :mod:`rlsdk.control.codec` (plain values, lists, tuples, dicts, CPU
+        tensors, numpy arrays). If it is not (``TypeError`` naming the offending path, or ``ValueError`` for
+        too deep or too large a value), an error reply describing that is sent instead, so the controller
         never waits for a result that cannot come.
 
         Raises:
@@ -286,7 +288,7 @@ class RankChannel:
         try:
             frames = self._encode("result", seq, value)
         except Exception as exc:
-            logger.exception("result of command seq %d cannot be pickled; sending an error instead", seq)
+            logger.exception("result of command seq %d cannot be encoded; sending an error instead", seq)
             self.send_error(seq, exc)
             return
         sock.send_multipart(frames)
@@ -471,7 +473,8 @@ class RankChannel:
             self._last_controller_heartbeat = time.monotonic()
 
     def set_query_handler(self, name: str, handler: Callable[[Any], Any]) -> None:
-        """Answer the controller's ``query`` messages named ``name`` with ``handler(body)`` (picklable).
+        """Answer the controller's ``query`` messages named ``name`` with ``handler(body)`` (encodable by
+        :mod:`rlsdk.control.codec`; a value that is not becomes an error answer).
 
         The handler runs on the event thread, so it answers while the main thread is blocked (in a collective,
         say); it must be quick and must not take locks the main thread may hold.
@@ -487,7 +490,11 @@ class RankChannel:
             body: Any = {"ok": True, "value": handler(message.body)}
         except Exception as exc:
             body = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        frames = self._encode("reply", message.seq, body)
+        try:
+            frames = self._encode("reply", message.seq, body)
+        except (TypeError, ValueError) as exc:  # an unencodable answer must not end the event thread
+            error = f"answer to query {name!r} cannot be encoded: {type(exc).__name__}: {exc}"
+            frames = self._encode("reply", message.seq, {"ok": False, "error": error})
         sock = self._event_socket
         if sock is not None:
             with contextlib.suppress(zmq.Again):

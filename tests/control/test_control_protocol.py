@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlsdk.control import protocol
-from rlsdk.control.errors import AuthenticationError, ProtocolError, SessionMismatchError
+from rlsdk.control.errors import AuthenticationError, PayloadError, ProtocolError, SessionMismatchError
 
 SECRET = b"s" * 32
 SESSION = "session-a"
@@ -18,7 +18,7 @@ UNPICKLED: list[str] = []
 
 
 class _Tripwire:
-    """Records that it was unpickled: a forged payload must never reach pickle.loads."""
+    """Records that it was unpickled: no payload, forged or authentic, may ever reach pickle.loads."""
 
     def __reduce__(self) -> tuple[object, tuple[str]]:
         return (UNPICKLED.append, ("unpickled",))
@@ -43,10 +43,28 @@ def test_encode_decode_round_trip_keeps_header_and_tensor_body() -> None:
 
 def test_decode_with_wrong_secret_raises_authentication_error_without_unpickling() -> None:
     UNPICKLED.clear()
-    frames = protocol.encode(b"x" * 32, kind="result", seq=1, rank=0, session=SESSION, body=_Tripwire())
+    payload = pickle.dumps(_Tripwire())
+    frames = protocol.encode(b"x" * 32, kind="result", seq=1, rank=0, session=SESSION, payload=payload)
 
     with pytest.raises(AuthenticationError):
         protocol.decode(SECRET, frames, session=SESSION)
+
+    assert UNPICKLED == []
+
+
+def test_decode_of_an_authentic_pickle_payload_raises_payload_error_without_unpickling() -> None:
+    UNPICKLED.clear()
+    frames = protocol.encode(SECRET, kind="result", seq=1, rank=0, session=SESSION, payload=pickle.dumps(_Tripwire()))
+
+    with pytest.raises(PayloadError):
+        protocol.decode(SECRET, frames, session=SESSION)
+
+    assert UNPICKLED == []
+
+
+def test_encode_of_an_unencodable_body_raises_type_error_naming_its_path() -> None:
+    with pytest.raises(TypeError, match=r"^body\['x'\]\[1\] has type .*_Tripwire"):
+        _frames({"x": [1, _Tripwire()]})
 
     assert UNPICKLED == []
 
@@ -56,7 +74,7 @@ def test_decode_with_tampered_payload_or_header_raises_authentication_error() ->
     forged_header = json.dumps({**json.loads(header), "rank": 0}).encode()
 
     with pytest.raises(AuthenticationError):
-        protocol.decode(SECRET, [header, pickle.dumps({"value": 2}), signature])
+        protocol.decode(SECRET, [header, protocol.dumps_body({"value": 2}), signature])
     with pytest.raises(AuthenticationError):
         protocol.decode(SECRET, [forged_header, payload, signature])
 
@@ -101,7 +119,7 @@ def test_decode_with_wrong_frame_count_raises_protocol_error(count: int) -> None
     ],
 )
 def test_decode_with_authentic_but_malformed_header_raises_protocol_error(header: bytes) -> None:
-    payload = pickle.dumps(None)
+    payload = protocol.dumps_body(None)
 
     with pytest.raises(ProtocolError) as info:
         protocol.decode(SECRET, [header, payload, protocol.sign(SECRET, header, payload)])
@@ -109,12 +127,14 @@ def test_decode_with_authentic_but_malformed_header_raises_protocol_error(header
     assert not isinstance(info.value, AuthenticationError)
 
 
-def test_decode_with_authentic_unloadable_payload_raises_protocol_error_carrying_the_header() -> None:
+def test_decode_with_authentic_undecodable_payload_raises_payload_error_carrying_the_header() -> None:
     frames = protocol.encode(SECRET, kind="result", seq=5, rank=2, session=SESSION, payload=b"\x80garbage")
 
-    with pytest.raises(ProtocolError, match="does not unpickle") as info:
+    with pytest.raises(PayloadError, match="does not decode") as info:
         protocol.decode(SECRET, frames, session=SESSION)
 
+    assert isinstance(info.value, ProtocolError) and not isinstance(info.value, AuthenticationError)
+    assert isinstance(info.value.__cause__, PayloadError)
     assert info.value.header is not None
     assert (info.value.header["seq"], info.value.header["rank"]) == (5, 2)
 
