@@ -137,6 +137,7 @@ def test_quickstart_in_jupyterlab_runs_all_cells_and_the_dashboard_shows_rank_lo
             logs = page.locator("div.rlsdk-logs").first
             expect(logs).to_contain_text("[rank 0/2")
             expect(logs).to_contain_text("[rank 1/2")
+            expect(page.locator("div.rlsdk-tracer").first).to_contain_text("collective trace")  # the tracer view
             dashboard.scroll_into_view_if_needed()
             dashboard.screenshot(path=str(tmp_path / "dashboard.png"))
             errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")

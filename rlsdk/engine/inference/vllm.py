@@ -46,8 +46,7 @@ def request_seed(seed: int, row: int) -> int:
 
     Not ``seed + row``: vLLM seeds a request's ``n`` samples with ``seed + 0 .. n-1``, and the Session's per-rollout
     seeds are consecutive, so additive seeds make rollout ``r + 1`` replay rollout ``r``'s random streams shifted
-    by one sample. Measured on the default recipe: the same exploration noise every step, and the policy plateaued
-    at mean reward ~0.82 where the embedded engine (one fresh generator per rollout) reached 0.9.
+    by one sample (the same exploration noise every step).
     """
     z = (seed * 0x9E3779B97F4A7C15 + row + 1) & _MASK64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
