@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -32,7 +33,13 @@ def _record_everything(rank: int, world: int) -> dict[str, Any]:
     model(torch.ones(3, 4)).sum().backward()  # DDP_SITE
     tracer.set_command(None, None)
     assert dist.get_world_size() == world
-    return tracer.snapshot()
+    # gloo marks a Work completed on its own thread, possibly just after DDP's backward returned: poll briefly
+    deadline = time.monotonic() + 5.0
+    snap = tracer.snapshot()
+    while any(r["t_end"] is None for r in snap["records"]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+        snap = tracer.snapshot()
+    return snap
 
 
 def test_traced_group_records_user_p2p_subgroup_and_ddp_collectives_with_sites() -> None:
@@ -43,7 +50,7 @@ def test_traced_group_records_user_p2p_subgroup_and_ddp_collectives_with_sites()
         world = [r for r in records if r["group"] == "0" and not r["p2p"]]
         first = world[0]
         assert (first["op"], first["seq"], first["reduce_op"], first["shapes"]) == ("allreduce", 1, "MAX", ((4,),))
-        assert first["site"].endswith("test_recording.py:23") and (first["command"], first["command_seq"]) == (
+        assert first["site"].endswith("test_recording.py:24") and (first["command"], first["command_seq"]) == (
             "update",
             7,
         )
@@ -52,7 +59,7 @@ def test_traced_group_records_user_p2p_subgroup_and_ddp_collectives_with_sites()
         assert [(r["op"], r["seq"], r["root"]) for r in p2p] == [("send" if rank == 0 else "recv", 1, 1 - rank)]
         sub = [r for r in records if r["group"] not in ("0",) and not r["p2p"]]
         assert [(r["op"], r["seq"]) for r in sub] == [("allreduce", 1)]
-        ddp = [r for r in world if r["site"].endswith("test_recording.py:32")]
+        ddp = [r for r in world if r["site"].endswith("test_recording.py:33")]
         assert ddp and ddp[-1]["op"] == "allreduce" and ddp[-1]["shapes"] == ((10,),)  # the gradient bucket
         assert all(r["t_end"] is not None for r in records)
         assert [r["seq"] for r in world] == list(range(1, len(world) + 1))
