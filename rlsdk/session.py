@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -30,7 +31,7 @@ from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams, Wei
 from rlsdk.observe.logging import ROOT_LOGGER, RankLogRouter, get_logger, set_log_context
 from rlsdk.observe.metrics import MetricsWriter
 from rlsdk.observe.status import last_batch_staleness, rank_alive
-from rlsdk.rewards.apply import RewardFn, compute_rewards
+from rlsdk.rewards.apply import RewardFn, compute_reward_breakdown
 from rlsdk.versioning import VersionError, VersionLedger, WeightMismatchError, staleness_mask
 from rlsdk.workflow.rollout import Rollout, normalize_rows
 from rlsdk.workflow.single_turn import RolloutWorkflow, SingleTurnWorkflow
@@ -55,6 +56,24 @@ def check_model_dir(path: str) -> None:
         )
 
 
+def check_data(config: SessionConfig) -> tuple[Any, Any]:
+    """Build the configured prompt data set before any process starts; returns ``(dataset, tokenizer)``.
+
+    The tokenizer (from ``model.path``) is loaded only when the data needs it (``data.chat_template`` or
+    ``data.max_prompt_tokens``), else ``None``. Raises ``ConfigError`` naming the ``data.*`` field: a missing or
+    unsupported ``path``, an absent ``prompt_column`` (listing the columns found), empty prompts, a tokenizer
+    without a chat template, a token budget that keeps no prompt.
+    """
+    from rlsdk.data.prepare import build_prompt_dataset, data_needs_tokenizer
+
+    tokenizer = None
+    if data_needs_tokenizer(config.data):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(config.model.path, trust_remote_code=config.model.trust_remote_code)
+    return build_prompt_dataset(config.data, seed=config.seed, tokenizer=tokenizer), tokenizer
+
+
 class Session:
     """A live RL session: background train ranks, an inference engine, and the version ledger.
 
@@ -71,6 +90,7 @@ class Session:
         self.tokenizer: Any = None
         self.workflow: RolloutWorkflow | None = None
         self.prompt_sampler: Any = None
+        self._dataset: Any = None  # built by start() (check_data) before any process starts
         self.metrics: MetricsWriter | None = None
         self._channel: Any = None
         self._launcher: Any = None
@@ -93,18 +113,20 @@ class Session:
     async def start(cls, config: SessionConfig, *, progress: bool | None = None) -> Session:
         """Start the train ranks and the inference engine; return when both serve weight version 0.
 
-        Raises ``ConfigError`` for a bad model path (before any process starts), ``TimeoutError`` when ranks do
-        not connect within ``launch.start_timeout_s``, ``RankProcessError`` when they exit during start-up (with
-        their last output lines), ``RankError`` when a rank raises, ``WeightMismatchError`` when the engine's
-        initial weights differ from the trainer's. ``progress`` shows a bar over the start phases (``None``: in
-        Jupyter only).
+        Raises ``ConfigError`` for a bad model path or data set (before any process starts, see
+        :func:`check_data`), ``TimeoutError`` when ranks do not connect within ``launch.start_timeout_s``,
+        ``RankProcessError`` when they exit during start-up (with their last output lines), ``RankError`` when a
+        rank raises, ``WeightMismatchError`` when the engine's initial weights differ from the trainer's.
+        ``progress`` shows a bar over the start phases (``None``: in Jupyter only).
         """
         if not isinstance(config, SessionConfig):
             raise TypeError(f"Session.start needs a SessionConfig, got {type(config).__name__}")
         check_model_dir(config.model.path)
+        dataset, tokenizer = await asyncio.to_thread(check_data, config)
         from rlsdk.observe.progress import START_PHASES, PhaseProgress
 
         session = cls(config)
+        session._dataset, session.tokenizer = dataset, tokenizer
         session._phase = PhaseProgress(START_PHASES, desc="Session.start", enabled=progress)
         try:
             await session._start()
@@ -214,12 +236,14 @@ class Session:
     async def _start_engine(self) -> None:
         from transformers import AutoTokenizer
 
-        from rlsdk.data import PromptSampler, reverse_digits_dataset
+        from rlsdk.data import PromptSampler
+        from rlsdk.data.prepare import build_prompt_dataset
 
         cfg = self.config
-        self.tokenizer = await asyncio.to_thread(
-            AutoTokenizer.from_pretrained, cfg.model.path, trust_remote_code=cfg.model.trust_remote_code
-        )
+        if self.tokenizer is None:
+            self.tokenizer = await asyncio.to_thread(
+                AutoTokenizer.from_pretrained, cfg.model.path, trust_remote_code=cfg.model.trust_remote_code
+            )
         self.engine = await self._build_engine()
         params = SamplingParams(
             max_new_tokens=cfg.rollout.max_new_tokens,
@@ -228,12 +252,9 @@ class Session:
             top_k=cfg.rollout.top_k,
         )
         self.workflow = SingleTurnWorkflow(self.tokenizer, params)
-        dataset = reverse_digits_dataset(
-            cfg.data.num_examples,
-            min_digits=cfg.data.min_digits,
-            max_digits=cfg.data.max_digits,
-            seed=cfg.seed,
-        )
+        dataset = self._dataset
+        if dataset is None:
+            dataset = await asyncio.to_thread(build_prompt_dataset, cfg.data, seed=cfg.seed, tokenizer=self.tokenizer)
         self.prompt_sampler = PromptSampler(dataset, cfg.data.prompts_per_step, seed=cfg.seed)
         self.metrics = MetricsWriter(self.output_dir / "tensorboard", tensorboard=cfg.observe.tensorboard)
         self._publish_dir = tempfile.mkdtemp(
@@ -444,12 +465,17 @@ class Session:
     async def reward(self, rollout: Rollout, reward_fn: RewardFn, *, timeout_s: float | None = None) -> Rollout:
         """Score ``rollout`` with ``reward_fn`` (sync or async, batched); returns a new Rollout with rewards.
 
+        A function that also reports components (:func:`rlsdk.rewards.combine_rewards`) leaves them on the new
+        rollout as ``info["reward_components"]``: name -> unweighted values, float32 ``(B,)``.
+
         Raises ``RewardError`` naming the function when it raises, times out, or returns the wrong number of
         values or a non-finite value; the input rollout is left untouched.
         """
         self._engine()
-        rewards_B = await compute_rewards(rollout, reward_fn, timeout_s=timeout_s)
-        return rollout.with_rewards(rewards_B)
+        rewards_B, components = await compute_reward_breakdown(rollout, reward_fn, timeout_s=timeout_s)
+        if not components:
+            return rollout.with_rewards(rewards_B)
+        return dataclasses.replace(rollout, rewards_B=rewards_B, info={**rollout.info, "reward_components": components})
 
     async def update(self, rollout: Rollout, *, progress: bool | None = None) -> dict[str, float]:
         """Train on ``rollout`` (one optimizer step on every rank); the trainer publishes version + 1.

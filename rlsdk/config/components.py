@@ -269,24 +269,72 @@ class RolloutConfig:
 
 @dataclass
 class DataConfig:
-    """The prompt data set.
+    """The prompt data set (see docs/howto/data.md).
 
     Attributes:
-        task: Task; only 'reverse_digits' (procedurally generated) for now.
+        task: Where prompts come from: 'reverse_digits' (generated: '123>' -> '321'), 'arithmetic' (generated:
+            '12+7=' -> '19'), 'countdown' (generated: reach a target from numbers with + - * /) or 'file' (the
+            local data set at path).
         prompts_per_step: Prompts per update step, >= 1.
-        min_digits: Fewest digits in a generated number, >= 1.
-        max_digits: Most digits in a generated number, >= min_digits.
-        num_examples: Examples in the generated data set, >= 1.
+        min_digits: Generated tasks: fewest digits in a generated number (the reversed string, each operand, each
+            countdown number), >= 1.
+        max_digits: Generated tasks: most digits in a generated number, >= min_digits.
+        num_examples: Generated tasks: examples in the generated data set, >= 1 (ignored for 'file').
+        path: task='file' only (and then required): a local .jsonl, .parquet or .arrow file, or a directory
+            written by datasets' save_to_disk; existence, format and columns are checked when the Session starts.
+        prompt_column: The column holding the prompts: text, or chat messages (lists of {'role', 'content'}) with
+            chat_template; its content reaches the model as the 'prompt' column, and every other column reaches
+            reward functions. Non-empty; 'prompt' unless task='file'.
+        chat_template: Wrap each prompt with the tokenizer's chat template (a text prompt becomes one user
+            message; a generation prompt is added); the model's tokenizer must have one.
+        max_prompt_tokens: Drop prompts longer than this many tokens (the count is logged); None = keep all,
+            else >= 1.
+        system_prompt: With chat_template only: a system message put before prompts that have none; None = none.
+        split: task='file' with a saved DatasetDict directory: the split to use, non-empty.
+        countdown_numbers: task='countdown': numbers offered per puzzle, in [2, 6].
     """
 
-    task: Literal["reverse_digits"] = "reverse_digits"
+    task: Literal["reverse_digits", "arithmetic", "countdown", "file"] = "reverse_digits"
     prompts_per_step: int = 16
     min_digits: int = 3
     max_digits: int = 3
     num_examples: int = 10000
+    path: str | None = None
+    prompt_column: str = "prompt"
+    chat_template: bool = False
+    max_prompt_tokens: int | None = None
+    system_prompt: str | None = None
+    split: str = "train"
+    countdown_numbers: int = 3
 
     def __post_init__(self) -> None:
         check_types(self)
+        require(
+            self,
+            "path",
+            (self.path is not None and self.path.strip() != "") if self.task == "file" else self.path is None,
+            "a non-empty local path when task='file', else None",
+        )
+        require(
+            self,
+            "prompt_column",
+            self.prompt_column.strip() != "" and (self.task == "file" or self.prompt_column == "prompt"),
+            "a non-empty column name; 'prompt' unless task='file'",
+        )
+        require(
+            self,
+            "max_prompt_tokens",
+            self.max_prompt_tokens is None or self.max_prompt_tokens >= 1,
+            "None or an int >= 1",
+        )
+        require(
+            self,
+            "system_prompt",
+            self.system_prompt is None or self.chat_template,
+            "None unless chat_template=True",
+        )
+        require(self, "split", self.split.strip() != "", "a non-empty split name")
+        require(self, "countdown_numbers", 2 <= self.countdown_numbers <= 6, "an int in [2, 6]")
         require(self, "prompts_per_step", self.prompts_per_step >= 1, "an int >= 1")
         require(self, "min_digits", self.min_digits >= 1, "an int >= 1")
         require(

@@ -1,5 +1,15 @@
-"""Data sets and batching: the procedurally generated reverse-digits task and its tiny policy."""
+"""Data sets and batching: procedurally generated tasks (reverse-digits, arithmetic, countdown), local prompt files
+(JSON Lines, Parquet, Arrow, ``save_to_disk`` directories), chat templating, a token budget, and the resumable
+sampler."""
 
+from rlsdk.data.files import SUPPORTED_SUFFIXES, load_prompt_dataset
+from rlsdk.data.prepare import (
+    apply_chat_template,
+    build_prompt_dataset,
+    data_needs_tokenizer,
+    filter_long_prompts,
+    prepare_prompts,
+)
 from rlsdk.data.reverse import (
     VOCAB,
     VOCAB_SIZE,
@@ -8,12 +18,22 @@ from rlsdk.data.reverse import (
     build_tokenizer,
     reverse_digits_dataset,
 )
+from rlsdk.data.tasks import arithmetic_dataset, countdown_dataset
 
 __all__ = [
+    "SUPPORTED_SUFFIXES",
     "VOCAB",
     "VOCAB_SIZE",
     "PromptSampler",
+    "apply_chat_template",
+    "arithmetic_dataset",
+    "build_prompt_dataset",
     "build_tiny_policy",
     "build_tokenizer",
+    "countdown_dataset",
+    "data_needs_tokenizer",
+    "filter_long_prompts",
+    "load_prompt_dataset",
+    "prepare_prompts",
     "reverse_digits_dataset",
 ]

@@ -234,18 +234,25 @@ class PromptSampler:
             yield self.next_batch()
 
     def state_dict(self) -> dict[str, int]:
-        """``{"epoch", "position", "seed"}``: enough to resume on the same data set."""
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+        """``{"epoch", "position", "seed", "num_rows"}``: enough to resume on the same data set."""
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "num_rows": len(self.dataset)}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue from a :meth:`state_dict`.
 
         Raises:
-            ValueError: the state's position is outside the data set, or its seed differs from this sampler's.
+            ValueError: the state's position is outside the data set, or its seed or row count (``num_rows``,
+                absent in states written before it existed) differs from this sampler's: a data set rebuilt with
+                other rows (another file, another ``max_prompt_tokens``) would silently replay other prompts.
         """
         epoch, position = int(state["epoch"]), int(state["position"])
         if "seed" in state and int(state["seed"]) != self.seed:
             raise ValueError(f"state seed={state['seed']!r} differs from this sampler's seed={self.seed!r}")
+        if "num_rows" in state and int(state["num_rows"]) != len(self.dataset):
+            raise ValueError(
+                f"state num_rows={state['num_rows']!r} differs from this sampler's data set of {len(self.dataset)} "
+                "rows: resume on the same data set"
+            )
         if epoch < 0 or not 0 <= position < len(self.dataset):
             raise ValueError(
                 f"state epoch={epoch!r}, position={position!r} is invalid for a data set of {len(self.dataset)} rows"

@@ -29,6 +29,19 @@ def _name(fn: RewardFn) -> str:
 
 async def compute_rewards(rollout: Rollout, reward_fn: RewardFn, *, timeout_s: float | None = None) -> torch.Tensor:
     """Call ``reward_fn`` on ``rollout``; returns ``rewards_B`` (float32). Raises :class:`RewardError`."""
+    rewards_B, _ = await compute_reward_breakdown(rollout, reward_fn, timeout_s=timeout_s)
+    return rewards_B
+
+
+async def compute_reward_breakdown(
+    rollout: Rollout, reward_fn: RewardFn, *, timeout_s: float | None = None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Like :func:`compute_rewards`, and also the per-component values, name -> float32 ``(B,)``.
+
+    The components come from a result with a ``components`` mapping (a
+    :class:`~rlsdk.rewards.combine.RewardBreakdown`, as :func:`~rlsdk.rewards.combine.combine_rewards` returns);
+    for any other result the dict is empty. Raises :class:`RewardError`, also for a bad component.
+    """
     columns = rollout.columns()
     kwargs: dict[str, Any] = {("prompts" if k == "prompt" else k): v for k, v in columns.items()}
     kwargs["completions"] = rollout.completions
@@ -61,4 +74,16 @@ async def compute_rewards(rollout: Rollout, reward_fn: RewardFn, *, timeout_s: f
             f"reward function {name} returned a non-finite reward {float(rewards_B[index])} for sample {index} "
             f"(completion {rollout.completions[index]!r}); rewards must be finite numbers"
         )
-    return rewards_B
+    components: dict[str, torch.Tensor] = {}
+    for key, values in (getattr(raw, "components", None) or {}).items():
+        try:
+            values_B = torch.as_tensor(values, dtype=torch.float32).reshape(-1)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise RewardError(f"reward function {name} returned an unusable component {key!r}: {exc}") from exc
+        if values_B.numel() != rollout.num_samples or not bool(torch.isfinite(values_B).all()):
+            raise RewardError(
+                f"reward function {name} returned component {key!r} with {values_B.numel()} values for "
+                f"{rollout.num_samples} samples or a non-finite value; allowed: {rollout.num_samples} finite numbers"
+            )
+        components[str(key)] = values_B
+    return rewards_B, components

@@ -84,6 +84,17 @@ BAD_VALUES = [
     (DataConfig, {"min_digits": 0}, "min_digits", 0),
     (DataConfig, {"max_digits": 2}, "max_digits", 2),
     (DataConfig, {"num_examples": 0}, "num_examples", 0),
+    (DataConfig, {"task": "file"}, "path", None),
+    (DataConfig, {"task": "file", "path": " "}, "path", " "),
+    (DataConfig, {"path": "data.jsonl"}, "path", "data.jsonl"),
+    (DataConfig, {"task": "file", "path": "d.jsonl", "prompt_column": ""}, "prompt_column", ""),
+    (DataConfig, {"prompt_column": "question"}, "prompt_column", "question"),
+    (DataConfig, {"chat_template": "yes"}, "chat_template", "yes"),
+    (DataConfig, {"max_prompt_tokens": 0}, "max_prompt_tokens", 0),
+    (DataConfig, {"system_prompt": "Be brief."}, "system_prompt", "Be brief."),
+    (DataConfig, {"split": ""}, "split", ""),
+    (DataConfig, {"countdown_numbers": 1}, "countdown_numbers", 1),
+    (DataConfig, {"countdown_numbers": 7}, "countdown_numbers", 7),
     (ObserveConfig, {"output_dir": ""}, "output_dir", ""),
     (ObserveConfig, {"log_level": "TRACE"}, "log_level", "TRACE"),
     (ObserveConfig, {"tensorboard": 0}, "tensorboard", 0),
@@ -189,3 +200,18 @@ def test_launch_config_loopback_host_is_accepted(host: str) -> None:
 
 def test_launch_config_remote_host_with_allow_remote_is_accepted() -> None:
     assert LaunchConfig(host="0.0.0.0", allow_remote=True).host == "0.0.0.0"
+
+
+@pytest.mark.parametrize("task", ["reverse_digits", "arithmetic", "countdown"])
+def test_data_config_generated_task_defaults_construct_without_path(task: str) -> None:
+    cfg = DataConfig(task=task)  # type: ignore[arg-type]
+
+    assert (cfg.path, cfg.prompt_column, cfg.chat_template, cfg.max_prompt_tokens) == (None, "prompt", False, None)
+
+
+def test_data_config_file_task_with_path_and_options_is_accepted() -> None:
+    cfg = DataConfig(
+        task="file", path="prompts.jsonl", prompt_column="question", chat_template=True, system_prompt="Be brief."
+    )
+
+    assert (cfg.path, cfg.prompt_column, cfg.system_prompt) == ("prompts.jsonl", "question", "Be brief.")

@@ -105,7 +105,7 @@ def test_prompt_sampler_one_epoch_visits_every_row_once() -> None:
     seen = [p for _ in range(3) for p in sampler.next_batch()["prompt"]]
 
     assert sorted(seen) == sorted(dataset["prompt"])
-    assert sampler.state_dict() == {"epoch": 1, "position": 0, "seed": 0}
+    assert sampler.state_dict() == {"epoch": 1, "position": 0, "seed": 0, "num_rows": 12}
 
 
 def test_prompt_sampler_resumed_from_state_dict_continues_identically() -> None:
