@@ -485,7 +485,7 @@ class Session:
         ``progress``: a bar over the ranks' micro-batches (from their heartbeats) with the batch's reward and the
         versions, once the call outlasts a second (``None``: in Jupyter only).
         """
-        from rlsdk.algorithms import group_advantages
+        from rlsdk.algorithms import compute_advantages
         from rlsdk.observe.progress import CallProgress
 
         self._engine()
@@ -500,9 +500,13 @@ class Session:
             cfg.rollout.max_staleness,
             cfg.rollout.stale_policy,
         )
-        advantages_B = group_advantages(
+        # Over the whole rollout, stale samples included: the group and batch statistics see every sample.
+        # TODO(algorithms): DAPO's dynamic sampling (drop groups whose rewards are all equal, refill) belongs
+        # in the workflow, before this point.
+        advantages_B = compute_advantages(
             rollout.rewards_B,
             rollout.group_size,
+            cfg.algorithm.resolved().advantage or "grpo",
             scale_by_std=cfg.algorithm.scale_rewards,
             eps=cfg.algorithm.adv_eps,
         )
@@ -529,6 +533,7 @@ class Session:
             {
                 "shard": {k: v[r * per_rank : (r + 1) * per_rank] for k, v in batch.items()},
                 "num_tokens": num_tokens,
+                "num_sequences": index_B.numel(),
             }
             for r in range(world)
         ]
@@ -551,7 +556,7 @@ class Session:
         totals = {
             k: sum(float(r[k]) for r in results)
             for k in ("loss_sum", "clipped_tokens", "ratio_sum", "kl_sum", "entropy_sum", "tokens",
-                      "logprob_absdiff_sum", "ratio_dev_sq_sum")
+                      "logprob_absdiff_sum", "ratio_dev_sq_sum", "objective", "is_weight_sum", "is_capped_tokens")
         }  # fmt: skip
         maxima = {k: max(float(r[k]) for r in results) for k in ("logprob_absdiff_max", "ratio_max", "neg_ratio_min")}
         tokens = max(totals["tokens"], 1.0)
@@ -568,6 +573,11 @@ class Session:
             "reward/mean": float(rewards_B.mean()),
             "reward/std": float(rewards_B.std()) if rewards_B.numel() > 1 else 0.0,
             "train/loss": totals["loss_sum"] / tokens,
+            # The aggregated loss actually differentiated (per algorithm.loss_agg); each rank's share is scaled
+            # by the world size because DDP averages gradients.
+            "train/objective": totals["objective"] / world,
+            "train/is_weight_mean": totals["is_weight_sum"] / tokens,
+            "train/is_capped_fraction": totals["is_capped_tokens"] / tokens,
             "train/clip_fraction": totals["clipped_tokens"] / tokens,
             "train/ratio_mean": totals["ratio_sum"] / tokens,
             "train/kl": totals["kl_sum"] / tokens,

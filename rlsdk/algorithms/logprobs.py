@@ -62,6 +62,7 @@ def completion_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities (and optionally entropies) of the completion tokens, in one forward pass.
 
@@ -83,7 +84,9 @@ def completion_logprobs(
         completion_mask_B_C: bool/int, True for generated tokens (EOS included).
         temperature: > 0, the sampling temperature.
         with_entropy: also return the entropy of the (temperature-scaled) distribution at each position
-            (computed without gradient: a metric).
+            (computed without gradient: a metric, unless ``entropy_grad``).
+        entropy_grad: with ``with_entropy``, keep the entropy in the autograd graph (for an entropy bonus in
+            the loss).
 
     Returns:
         ``(logprobs_B_C, entropy_B_C or None)``, float32, in nats.
@@ -125,7 +128,9 @@ def completion_logprobs(
     logits_B_C_V = output.logits[:, -(completion_len + 1) : -1]
     logprobs_B_C = token_logprobs(logits_B_C_V, completion_ids_B_C, temperature)
     entropy_B_C = None
-    if with_entropy:  # a metric, never a loss term here: keep it out of the autograd graph
+    if with_entropy and entropy_grad:  # a loss term (entropy bonus): gradients flow through it
+        entropy_B_C = token_entropy(logits_B_C_V, temperature)
+    elif with_entropy:  # a metric only: keep it out of the autograd graph
         with torch.no_grad():
             entropy_B_C = token_entropy(logits_B_C_V.detach(), temperature)
     return logprobs_B_C, entropy_B_C

@@ -1,13 +1,261 @@
-"""Policy losses. Shape names: ``B`` = sequences, ``C`` = completion tokens (right-padded)."""
+"""Policy losses. Shape names: ``B`` = sequences, ``C`` = completion tokens (right-padded).
+
+``policy_loss`` is the general PPO-style clipped surrogate with the options of the GRPO family (loss
+aggregation, token- or sequence-level ratio, KL estimator, entropy bonus, off-policy corrections);
+``grpo_loss`` is its original fixed configuration (token-level ratio, token mean, k3 KL).
+"""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+
+LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_sum_fixed_len"]
+RatioLevel = Literal["token", "sequence"]
+KLEstimator = Literal["k1", "k2", "k3"]
+ISCapMode = Literal["truncate", "mask"]
 
 
 def _check_shape(name: str, tensor: torch.Tensor, expected: tuple[int, ...], expected_name: str) -> None:
     if tuple(tensor.shape) != expected:
         raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {expected_name} = {expected}")
+
+
+def _normaliser(
+    name: str, value: float | torch.Tensor | None, default: torch.Tensor, like: torch.Tensor
+) -> torch.Tensor | float:
+    """``value`` (a float or 0-d tensor > 0) on ``like``'s device and dtype, or ``default`` when None."""
+    if value is None:
+        return default
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0:
+            raise ValueError(f"{name} must be a float or 0-d tensor, got shape {tuple(value.shape)}")
+        return value.to(device=like.device, dtype=like.dtype)
+    if not value > 0:
+        raise ValueError(f"{name}={value!r} is invalid: allowed > 0")
+    return value
+
+
+def kl_penalty(logprobs_B_C: torch.Tensor, ref_logprobs_B_C: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
+    """Per-token estimate of ``KL(pi || pi_ref)`` from samples of ``pi`` (Schulman, "Approximating KL
+    Divergence", 2020). With ``log_r = ref_logprobs - logprobs``::
+
+        k1 = -log_r                  unbiased, high variance, can be negative
+        k2 = log_r ** 2 / 2          biased, low variance, >= 0
+        k3 = exp(log_r) - log_r - 1  unbiased, low variance, >= 0 (GRPO's choice)
+
+    Args:
+        logprobs_B_C: the policy's token log-probs (gradient flows through them).
+        ref_logprobs_B_C: the reference policy's token log-probs (treated as constants), same shape.
+        estimator: 'k1', 'k2' or 'k3'.
+
+    Returns:
+        ``kl_B_C``, same shape and dtype as ``logprobs_B_C``; mask it downstream.
+
+    Raises:
+        ValueError: shapes differ or ``estimator`` is unknown.
+    """
+    _check_shape("ref_logprobs_B_C", ref_logprobs_B_C, tuple(logprobs_B_C.shape), "logprobs_B_C.shape")
+    log_r_B_C = ref_logprobs_B_C.detach() - logprobs_B_C
+    if estimator == "k1":
+        return -log_r_B_C
+    if estimator == "k2":
+        return 0.5 * log_r_B_C * log_r_B_C
+    if estimator == "k3":
+        return log_r_B_C.exp() - log_r_B_C - 1.0
+    raise ValueError(f"estimator={estimator!r} is invalid: allowed 'k1', 'k2', 'k3'")
+
+
+def policy_loss(
+    logprobs_B_C: torch.Tensor,
+    old_logprobs_B_C: torch.Tensor,
+    advantages_B: torch.Tensor,
+    mask_B_C: torch.Tensor,
+    *,
+    clip_eps_low: float,
+    clip_eps_high: float,
+    loss_agg: LossAgg = "token_mean",
+    ratio_level: RatioLevel = "token",
+    kl_coef: float = 0.0,
+    kl_estimator: KLEstimator = "k3",
+    ref_logprobs_B_C: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
+    entropy_B_C: torch.Tensor | None = None,
+    behaviour_logprobs_B_C: torch.Tensor | None = None,
+    is_cap: float | None = None,
+    is_cap_mode: ISCapMode = "truncate",
+    num_tokens: float | torch.Tensor | None = None,
+    num_sequences: float | torch.Tensor | None = None,
+    max_len: int | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO-clip policy loss of the GRPO family, with global-batch normalisers for data parallelism.
+
+    Per completion token ``t`` of sequence ``i`` (advantage ``A_i``)::
+
+        ratio_it = exp(logprobs_it - old_it)                                      ratio_level='token' (PPO)
+        ratio_it = sg[s_i] * exp(logprobs_it - sg[logprobs_it]),                  ratio_level='sequence' (GSPO)
+                   s_i = exp(sum_t (logprobs_it - old_it) / |y_i|)
+        pg_it    = -w_it * min(ratio_it * A_i, clip(ratio_it, 1 - clip_eps_low, 1 + clip_eps_high) * A_i)
+        l_it     = pg_it + kl_coef * KL_it - entropy_coef * entropy_it
+
+    ``KL_it`` is :func:`kl_penalty` with ``kl_estimator``. ``w_it`` is 1 without ``behaviour_logprobs_B_C``;
+    with them, ``w_it = exp(old_it - behaviour_it)`` corrects for sampling from the behaviour policy (the
+    inference engine) rather than ``old`` (the proximal policy, e.g. the trainer's recomputed logprobs):
+    ``is_cap_mode='truncate'`` uses ``min(w, is_cap)`` (truncated importance sampling, Yao et al. 2025, "Your
+    Efficient RL Framework Secretly Brings You Off-Policy RL Training"); ``'mask'`` drops tokens with
+    ``w > is_cap`` from the loss (decoupled PPO, Hilton et al. 2021, as AReaL's ``behav_imp_weight_cap``, Fu
+    et al. 2025). The sequence-level ratio is GSPO's (Zheng et al. 2025) in its "GSPO-token" form: its value
+    is ``s_i`` on every token and clipping is decided per sequence; with ``loss_agg='seq_mean_token_mean'``
+    the loss and its gradient equal GSPO's ``-1/B sum_i min(s_i A_i, clip(s_i) A_i)``.
+
+    Aggregation (``m`` = mask, ``|y_i|`` = tokens of sequence ``i``)::
+
+        token_mean           sum_it m l / num_tokens                               DAPO (Yu et al. 2025)
+        seq_mean_token_mean  sum_i (sum_t m l / |y_i|) / num_sequences             GRPO (Shao et al. 2024)
+        seq_sum_fixed_len    sum_it m l / (num_sequences * max_len)                Dr. GRPO (Liu et al. 2025)
+
+    Every normaliser is a GLOBAL-batch quantity: chunks of a batch (micro-batches, ranks) that each pass the
+    whole batch's ``num_tokens`` / ``num_sequences`` (and the same ``max_len``) sum to the whole-batch loss,
+    so gradient accumulation and data parallelism need no rescaling (with DDP, which averages gradients
+    over ranks, pass the global count divided by the world size). Defaults: ``num_tokens =
+    max(mask.sum(), 1)``, ``num_sequences = B`` (this batch is the whole batch); ``max_len`` has no default
+    (Dr. GRPO's constant is the generation limit, not this batch's padded width). A sequence with no
+    masked token contributes 0 to ``seq_mean_token_mean`` but still counts in ``num_sequences``.
+
+    Gradients flow through ``logprobs_B_C`` (and ``entropy_B_C`` if it has a graph); ``old``, ``ref``,
+    ``behaviour`` log-probs and ``advantages_B`` are treated as constants. Masked positions may hold any
+    value, non-finite included.
+
+    Args:
+        logprobs_B_C: current policy's token log-probs (with grad), float.
+        old_logprobs_B_C: the proximal ("old") policy's token log-probs, the PPO ratio's denominator.
+        advantages_B: one advantage per sequence.
+        mask_B_C: bool/int, True for completion tokens that count.
+        clip_eps_low, clip_eps_high: >= 0; the ratio is clipped to ``[1 - low, 1 + high]``.
+        loss_agg: 'token_mean', 'seq_mean_token_mean' or 'seq_sum_fixed_len' (see above).
+        ratio_level: 'token' (PPO/GRPO) or 'sequence' (GSPO).
+        kl_coef: >= 0; weight of the KL penalty to the reference policy.
+        kl_estimator: 'k1', 'k2' or 'k3'.
+        ref_logprobs_B_C: reference policy's token log-probs; required when ``kl_coef > 0``.
+        entropy_coef: >= 0; weight of the entropy bonus (subtracted from the loss).
+        entropy_B_C: per-token entropy, in the autograd graph for a bonus; required when ``entropy_coef > 0``.
+        behaviour_logprobs_B_C: the sampling (behaviour) policy's token log-probs, for the importance weight.
+        is_cap: > 0, the importance weight's cap; None = uncapped.
+        is_cap_mode: 'truncate' (TIS) or 'mask' (decoupled PPO's cap).
+        num_tokens: float or 0-d tensor > 0, the global batch's completion-token count (token_mean).
+        num_sequences: float or 0-d tensor > 0, the global batch's sequence count (seq_* aggregations).
+        max_len: int >= 1, the fixed length of seq_sum_fixed_len (the rollout's ``max_new_tokens``).
+
+    Returns:
+        ``(loss, metrics)``: ``loss`` is a 0-d tensor; ``metrics`` are 0-d float32 tensors of SUMS over masked
+        tokens, left on device (no host sync): ``loss_sum`` (of ``l_it``), ``clipped_tokens`` (tokens where
+        the clipped term is the smaller one, i.e. the gradient is zeroed), ``ratio_sum``, ``kl_sum`` (the
+        chosen estimator; 0 without a reference), ``tokens``, ``is_weight_sum`` (of ``w`` after the cap; equal
+        to ``tokens`` without behaviour log-probs) and ``is_capped_tokens`` (tokens whose weight hit the cap).
+
+    Raises:
+        ValueError: a tensor's shape differs from ``logprobs_B_C``'s (naming it), a negative coefficient or
+            clip range, a missing input the options need, or an unknown option.
+    """
+    if logprobs_B_C.dim() != 2:
+        raise ValueError(f"logprobs_B_C must be 2-D [B, C], got shape {tuple(logprobs_B_C.shape)}")
+    shape_B_C = tuple(logprobs_B_C.shape)
+    _check_shape("old_logprobs_B_C", old_logprobs_B_C, shape_B_C, "logprobs_B_C.shape")
+    _check_shape("mask_B_C", mask_B_C, shape_B_C, "logprobs_B_C.shape")
+    _check_shape("advantages_B", advantages_B, shape_B_C[:1], "(B,) of logprobs_B_C")
+    for name, optional in (
+        ("ref_logprobs_B_C", ref_logprobs_B_C),
+        ("entropy_B_C", entropy_B_C),
+        ("behaviour_logprobs_B_C", behaviour_logprobs_B_C),
+    ):
+        if optional is not None:
+            _check_shape(name, optional, shape_B_C, "logprobs_B_C.shape")
+    if clip_eps_low < 0 or clip_eps_high < 0:
+        raise ValueError(f"clip_eps_low={clip_eps_low!r}, clip_eps_high={clip_eps_high!r}: both must be >= 0")
+    if kl_coef < 0:
+        raise ValueError(f"kl_coef={kl_coef!r} is invalid: allowed >= 0")
+    if kl_coef > 0 and ref_logprobs_B_C is None:
+        raise ValueError(f"kl_coef={kl_coef!r} > 0 needs ref_logprobs_B_C")
+    if entropy_coef < 0:
+        raise ValueError(f"entropy_coef={entropy_coef!r} is invalid: allowed >= 0")
+    if entropy_coef > 0 and entropy_B_C is None:
+        raise ValueError(f"entropy_coef={entropy_coef!r} > 0 needs entropy_B_C")
+    if loss_agg not in ("token_mean", "seq_mean_token_mean", "seq_sum_fixed_len"):
+        raise ValueError(
+            f"loss_agg={loss_agg!r} is invalid: allowed 'token_mean', 'seq_mean_token_mean', 'seq_sum_fixed_len'"
+        )
+    if ratio_level not in ("token", "sequence"):
+        raise ValueError(f"ratio_level={ratio_level!r} is invalid: allowed 'token', 'sequence'")
+    if is_cap_mode not in ("truncate", "mask"):
+        raise ValueError(f"is_cap_mode={is_cap_mode!r} is invalid: allowed 'truncate', 'mask'")
+    if is_cap is not None and not is_cap > 0:
+        raise ValueError(f"is_cap={is_cap!r} is invalid: allowed > 0 or None")
+    if loss_agg == "seq_sum_fixed_len" and (max_len is None or max_len < 1):
+        raise ValueError(f"max_len={max_len!r} is invalid for loss_agg='seq_sum_fixed_len': allowed an int >= 1")
+
+    mask_B_C = mask_B_C.bool()
+    zero = logprobs_B_C.new_zeros(())
+    tokens_B = mask_B_C.sum(dim=1).to(logprobs_B_C.dtype)
+    # torch.where (not multiplication) so that garbage at masked positions cannot leak NaN into sums or grads.
+    log_ratio_B_C = torch.where(mask_B_C, logprobs_B_C - old_logprobs_B_C.detach(), zero)
+    if ratio_level == "sequence":
+        seq_log_ratio_B_1 = (log_ratio_B_C.sum(dim=1) / tokens_B.clamp(min=1.0)).unsqueeze(1)
+        safe_logprobs_B_C = torch.where(mask_B_C, logprobs_B_C, zero)
+        log_ratio_B_C = seq_log_ratio_B_1.detach() + safe_logprobs_B_C - safe_logprobs_B_C.detach()
+    ratio_B_C = log_ratio_B_C.exp()
+    advantages_B_1 = advantages_B.detach().to(logprobs_B_C.dtype).unsqueeze(1)
+    surrogate_B_C = ratio_B_C * advantages_B_1
+    clipped_surrogate_B_C = ratio_B_C.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high) * advantages_B_1
+    token_loss_B_C = -torch.minimum(surrogate_B_C, clipped_surrogate_B_C)
+
+    one = logprobs_B_C.new_ones(())
+    weight_B_C = one.expand(shape_B_C)
+    capped_B_C = torch.zeros(shape_B_C, dtype=torch.bool, device=logprobs_B_C.device)
+    if behaviour_logprobs_B_C is not None:
+        behaviour_log_w_B_C = old_logprobs_B_C.detach() - behaviour_logprobs_B_C.detach()
+        weight_B_C = torch.where(mask_B_C, behaviour_log_w_B_C.to(logprobs_B_C.dtype), zero).exp()
+        if is_cap is not None:
+            capped_B_C = (weight_B_C > is_cap) & mask_B_C
+            capped_value = is_cap if is_cap_mode == "truncate" else 0.0
+            weight_B_C = torch.where(capped_B_C, capped_value, weight_B_C)
+        token_loss_B_C = weight_B_C * token_loss_B_C
+
+    if ref_logprobs_B_C is not None:
+        safe_ref_B_C = torch.where(mask_B_C, ref_logprobs_B_C.detach(), zero)
+        kl_B_C = kl_penalty(torch.where(mask_B_C, logprobs_B_C, zero), safe_ref_B_C, kl_estimator)
+        if kl_coef > 0:
+            token_loss_B_C = token_loss_B_C + kl_coef * kl_B_C
+        kl_sum = torch.where(mask_B_C, kl_B_C, zero).sum().detach().float()
+    else:
+        kl_sum = zero.detach().float()
+    if entropy_B_C is not None and entropy_coef > 0:
+        token_loss_B_C = token_loss_B_C - entropy_coef * torch.where(mask_B_C, entropy_B_C, zero)
+
+    masked_loss_B_C = torch.where(mask_B_C, token_loss_B_C, zero)
+    loss_sum = masked_loss_B_C.sum()
+    tokens = mask_B_C.sum().to(torch.float32)
+    if loss_agg == "token_mean":
+        loss = loss_sum / _normaliser("num_tokens", num_tokens, tokens.to(loss_sum.dtype).clamp(min=1.0), loss_sum)
+    else:
+        sequences = _normaliser("num_sequences", num_sequences, loss_sum.new_tensor(float(shape_B_C[0])), loss_sum)
+        if loss_agg == "seq_mean_token_mean":
+            loss = (masked_loss_B_C.sum(dim=1) / tokens_B.clamp(min=1.0)).sum() / sequences
+        else:
+            assert max_len is not None  # checked above
+            loss = loss_sum / (sequences * max_len)
+
+    clipped_B_C = (clipped_surrogate_B_C < surrogate_B_C) & mask_B_C
+    metrics = {
+        "loss_sum": loss_sum.detach().float(),
+        "clipped_tokens": clipped_B_C.sum().to(torch.float32),
+        "ratio_sum": torch.where(mask_B_C, ratio_B_C, zero).sum().detach().float(),
+        "kl_sum": kl_sum,
+        "tokens": tokens,
+        "is_weight_sum": torch.where(mask_B_C, weight_B_C, zero).sum().detach().float(),
+        "is_capped_tokens": capped_B_C.sum().to(torch.float32),
+    }
+    return loss, metrics
 
 
 def grpo_loss(
@@ -23,6 +271,9 @@ def grpo_loss(
     num_tokens: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO's clipped surrogate loss (DeepSeekMath, Shao et al. 2024) with DAPO's token-level mean.
+
+    :func:`policy_loss` with its defaults (token-level ratio, ``token_mean``, k3 KL, no entropy bonus, no
+    importance weight); kept for its fixed signature.
 
     Per completion token, with ``ratio = exp(logprobs - old_logprobs)`` and the sequence's advantage ``A``::
 
@@ -59,60 +310,16 @@ def grpo_loss(
         ValueError: a tensor's shape differs from ``logprobs_B_C``'s (naming it), negative clip or KL
             coefficients, or ``kl_coef > 0`` without ``ref_logprobs_B_C``.
     """
-    if logprobs_B_C.dim() != 2:
-        raise ValueError(f"logprobs_B_C must be 2-D [B, C], got shape {tuple(logprobs_B_C.shape)}")
-    shape_B_C = tuple(logprobs_B_C.shape)
-    _check_shape("old_logprobs_B_C", old_logprobs_B_C, shape_B_C, "logprobs_B_C.shape")
-    _check_shape("mask_B_C", mask_B_C, shape_B_C, "logprobs_B_C.shape")
-    _check_shape("advantages_B", advantages_B, shape_B_C[:1], "(B,) of logprobs_B_C")
-    if ref_logprobs_B_C is not None:
-        _check_shape("ref_logprobs_B_C", ref_logprobs_B_C, shape_B_C, "logprobs_B_C.shape")
-    if clip_eps_low < 0 or clip_eps_high < 0:
-        raise ValueError(f"clip_eps_low={clip_eps_low!r}, clip_eps_high={clip_eps_high!r}: both must be >= 0")
-    if kl_coef < 0:
-        raise ValueError(f"kl_coef={kl_coef!r} is invalid: allowed >= 0")
-    if kl_coef > 0 and ref_logprobs_B_C is None:
-        raise ValueError(f"kl_coef={kl_coef!r} > 0 needs ref_logprobs_B_C")
-
-    mask_B_C = mask_B_C.bool()
-    zero = logprobs_B_C.new_zeros(())
-    # torch.where (not multiplication) so that garbage at masked positions cannot leak NaN into sums or grads.
-    log_ratio_B_C = torch.where(mask_B_C, logprobs_B_C - old_logprobs_B_C.detach(), zero)
-    ratio_B_C = log_ratio_B_C.exp()
-    advantages_B_1 = advantages_B.detach().to(logprobs_B_C.dtype).unsqueeze(1)
-    surrogate_B_C = ratio_B_C * advantages_B_1
-    clipped_surrogate_B_C = ratio_B_C.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high) * advantages_B_1
-    token_loss_B_C = -torch.minimum(surrogate_B_C, clipped_surrogate_B_C)
-
-    if ref_logprobs_B_C is not None:
-        ref_log_ratio_B_C = torch.where(mask_B_C, ref_logprobs_B_C.detach() - logprobs_B_C, zero)
-        kl_B_C = ref_log_ratio_B_C.exp() - ref_log_ratio_B_C - 1.0
-        if kl_coef > 0:
-            token_loss_B_C = token_loss_B_C + kl_coef * kl_B_C
-        kl_sum = torch.where(mask_B_C, kl_B_C, zero).sum().detach().float()
-    else:
-        kl_sum = zero.detach().float()
-
-    tokens = mask_B_C.sum().to(torch.float32)
-    loss_sum = torch.where(mask_B_C, token_loss_B_C, zero).sum()
-    if num_tokens is None:
-        denominator = tokens.clamp(min=1.0)
-    elif isinstance(num_tokens, torch.Tensor):
-        if num_tokens.dim() != 0:
-            raise ValueError(f"num_tokens must be a float or 0-d tensor, got shape {tuple(num_tokens.shape)}")
-        denominator = num_tokens.to(device=loss_sum.device, dtype=loss_sum.dtype)
-    else:
-        if not num_tokens > 0:
-            raise ValueError(f"num_tokens={num_tokens!r} is invalid: allowed > 0")
-        denominator = num_tokens
-    loss = loss_sum / denominator
-
-    clipped_B_C = (clipped_surrogate_B_C < surrogate_B_C) & mask_B_C
-    metrics = {
-        "loss_sum": loss_sum.detach().float(),
-        "clipped_tokens": clipped_B_C.sum().to(torch.float32),
-        "ratio_sum": torch.where(mask_B_C, ratio_B_C, zero).sum().detach().float(),
-        "kl_sum": kl_sum,
-        "tokens": tokens,
-    }
-    return loss, metrics
+    loss, metrics = policy_loss(
+        logprobs_B_C,
+        old_logprobs_B_C,
+        advantages_B,
+        mask_B_C,
+        clip_eps_low=clip_eps_low,
+        clip_eps_high=clip_eps_high,
+        kl_coef=kl_coef,
+        kl_estimator="k3",
+        ref_logprobs_B_C=ref_logprobs_B_C,
+        num_tokens=num_tokens,
+    )
+    return loss, {k: metrics[k] for k in ("loss_sum", "clipped_tokens", "ratio_sum", "kl_sum", "tokens")}

@@ -5,10 +5,12 @@ Field order in every class: required, common optional, rare optional, internal.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from dataclasses import dataclass
 from typing import Literal
 
+from rlsdk.config.errors import ConfigError
 from rlsdk.config.validate import check_types, require
 
 
@@ -207,25 +209,80 @@ class TrainConfig:
         require(self, "keep_checkpoints", self.keep_checkpoints >= 1, "an int >= 1")
 
 
+# What each AlgorithmConfig.name fixes. 'grpo' fixes nothing: it is the pre-preset behaviour, every field
+# explicit. A preset can only fix an existing field to that field's own default (otherwise the default could
+# not be told from an explicit contradiction); the new fields default to None, meaning "the preset's value".
+_ALGORITHM_PRESETS: dict[str, dict[str, object]] = {
+    "grpo": {},
+    "dr_grpo": {"advantage": "dr_grpo", "loss_agg": "seq_sum_fixed_len"},
+    "dapo": {"advantage": "grpo", "scale_rewards": True, "loss_agg": "token_mean", "kl_coef": 0.0},
+    "rloo": {"advantage": "rloo"},
+    "reinforce_pp": {"advantage": "reinforce_pp"},
+    "reinforce_pp_baseline": {"advantage": "reinforce_pp_baseline"},
+    "gspo": {"advantage": "grpo", "ratio_level": "sequence", "loss_agg": "seq_mean_token_mean"},
+}
+# What a None field means when the preset does not fix it: the behaviour before presets existed.
+_ALGORITHM_BASE = {"advantage": "grpo", "loss_agg": "token_mean", "ratio_level": "token"}
+
+
 @dataclass
 class AlgorithmConfig:
-    """The policy-gradient algorithm.
+    """The policy-gradient algorithm: a named preset plus explicit switches (see docs/howto/algorithms.md).
+
+    ``name`` is a preset that fixes some of the other fields. A field the preset fixes may be left at None
+    (or its default) or set to the same value; a different value raises ConfigError naming the field, its
+    value and the preset. Fields a preset does not fix keep their own values. ``resolved()`` returns the
+    config with every None filled in, which is what the trainer uses.
+
+    - 'grpo' (default): fixes nothing; with every other field at its default this is the behaviour before
+      presets existed: GRPO advantages (std-scaled per ``scale_rewards``), token-level PPO ratio, DAPO's
+      token-level mean.
+    - 'dr_grpo': advantage 'dr_grpo' (group-centred, no std), loss_agg 'seq_sum_fixed_len' (Liu et al. 2025).
+    - 'dapo': advantage 'grpo' with scale_rewards True, loss_agg 'token_mean', kl_coef 0 (Yu et al. 2025).
+      Clip-higher is NOT fixed (clip_eps_high's default 0.2 cannot be told from an explicit 0.2): set
+      clip_eps_high=0.28 as in the paper. Dynamic sampling and overlong shaping are not implemented.
+    - 'rloo': advantage 'rloo' (Ahmadian et al. 2024); needs rollout.group_size >= 2.
+    - 'reinforce_pp' / 'reinforce_pp_baseline': advantage of the same name (Hu 2025).
+    - 'gspo': advantage 'grpo', ratio_level 'sequence', loss_agg 'seq_mean_token_mean' (Zheng et al. 2025).
+      The paper's clip range (3e-4, 4e-4) is NOT fixed: set clip_eps_low/clip_eps_high explicitly.
 
     Attributes:
-        name: Algorithm; only 'grpo' for now.
+        name: Preset: 'grpo', 'dr_grpo', 'dapo', 'rloo', 'reinforce_pp', 'reinforce_pp_baseline' or 'gspo'.
         clip_eps_low: Lower PPO clip range: the ratio is clipped below at 1 - clip_eps_low; in (0, 1).
         clip_eps_high: Upper PPO clip range: the ratio is clipped above at 1 + clip_eps_high; > 0.
         kl_coef: Weight of the KL penalty to the reference policy, >= 0; 0 = no penalty.
-        scale_rewards: Divide group-centred rewards by the group's reward std.
-        adv_eps: Added to the group std before dividing, > 0 (internal).
+        scale_rewards: Divide group-centred rewards by the group's reward std; read by advantage 'grpo' only.
+        adv_eps: Added to a std before dividing by it, > 0 (internal).
+        advantage: Advantage estimator: 'grpo', 'dr_grpo', 'rloo', 'reinforce_pp', 'reinforce_pp_baseline';
+            None = the preset's (or 'grpo').
+        loss_agg: Loss aggregation: 'token_mean' (DAPO), 'seq_mean_token_mean' (GRPO paper) or
+            'seq_sum_fixed_len' (Dr. GRPO, divides by rollout.max_new_tokens); None = the preset's (or
+            'token_mean').
+        ratio_level: Importance ratio: 'token' (PPO) or 'sequence' (GSPO); None = the preset's (or 'token').
+        kl_estimator: KL estimator of the kl_coef penalty: 'k1', 'k2' or 'k3' (Schulman 2020).
+        entropy_coef: Weight of the entropy bonus subtracted from the loss, >= 0; 0 = none.
+        off_policy: Correction for sampling with the engine instead of the trainer: 'none' (the PPO ratio is
+            taken against the engine's logprobs), 'tis' (ratio against the trainer's logprobs, times the
+            importance weight trainer/engine truncated at is_cap) or 'decoupled' (the same weight, tokens whose
+            weight exceeds is_cap dropped; decoupled PPO).
+        is_cap: Cap C of the off_policy importance weight, > 0 (TIS note: C = 2).
     """
 
-    name: Literal["grpo"] = "grpo"
+    name: Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gspo"] = "grpo"
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     kl_coef: float = 0.0
     scale_rewards: bool = True
     adv_eps: float = 1e-6
+    # Added after adv_eps (not before it, as the field-order rule would put them) so that positional
+    # construction of the fields above keeps working.
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"] | None = None
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_sum_fixed_len"] | None = None
+    ratio_level: Literal["token", "sequence"] | None = None
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    entropy_coef: float = 0.0
+    off_policy: Literal["none", "tis", "decoupled"] = "none"
+    is_cap: float = 2.0
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -233,6 +290,23 @@ class AlgorithmConfig:
         require(self, "clip_eps_high", self.clip_eps_high > 0, "a finite float > 0")
         require(self, "kl_coef", self.kl_coef >= 0, "a finite float >= 0")
         require(self, "adv_eps", self.adv_eps > 0, "a finite float > 0")
+        require(self, "entropy_coef", self.entropy_coef >= 0, "a finite float >= 0")
+        require(self, "is_cap", self.is_cap > 0, "a finite float > 0")
+        for field, fixed in _ALGORITHM_PRESETS[self.name].items():
+            value = getattr(self, field)
+            if value is not None and value != fixed:
+                raise ConfigError(
+                    f"AlgorithmConfig.{field}",
+                    value,
+                    f"{fixed!r}{' or None' if field in _ALGORITHM_BASE else ''} "
+                    f"(AlgorithmConfig.name={self.name!r} fixes it)",
+                )
+
+    def resolved(self) -> AlgorithmConfig:
+        """This config with every None field set to the preset's value, or to the pre-preset behaviour."""
+        preset = _ALGORITHM_PRESETS[self.name]
+        filled = {f: preset.get(f, base) for f, base in _ALGORITHM_BASE.items() if getattr(self, f) is None}
+        return dataclasses.replace(self, **filled) if filled else self
 
 
 @dataclass

@@ -61,3 +61,10 @@ class SessionConfig:
                 self.model.dtype,
                 "'float32' when inference.engine='vllm' (the server runs with --dtype float32)",
             )
+        if self.algorithm.resolved().advantage == "rloo" and self.rollout.group_size < 2:
+            raise ConfigError(
+                "rollout.group_size",
+                self.rollout.group_size,
+                f"an int >= 2 when algorithm.advantage is 'rloo' (algorithm.name={self.algorithm.name!r}): the "
+                "leave-one-out baseline needs another sample of the same prompt",
+            )

@@ -84,7 +84,9 @@ class Worker:
         return self.engine.weight_info() if self.rank == 0 else {"version": self.engine.version}
 
     def update(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._require_engine().update(body["shard"], body["num_tokens"])
+        return self._require_engine().update(
+            body["shard"], body["num_tokens"], num_sequences_global=body.get("num_sequences")
+        )
 
     def weight_info(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._require_engine().weight_info()

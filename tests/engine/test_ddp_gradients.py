@@ -1,4 +1,4 @@
-"""DDP on 2 real gloo ranks gives the gradient of the single-process global token-mean loss."""
+"""DDP on 2 real gloo ranks gives the gradient of the single-process global-batch loss, for each aggregation."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlsdk.config import ModelConfig, SessionConfig, TrainConfig
+from rlsdk.config import AlgorithmConfig, ModelConfig, SessionConfig, TrainConfig
 from rlsdk.testing.distributed import run_gloo_ranks
 
 pytestmark = pytest.mark.distributed
@@ -46,16 +46,31 @@ def _make_batch(model_dir: str, batch: int = 12, seed: int = 0) -> dict[str, tor
     }
 
 
-def _config(model_dir: str) -> SessionConfig:
-    return SessionConfig(model=ModelConfig(path=model_dir), train=TrainConfig(micro_batch_size=4))
+ALGORITHMS = {
+    "dr_grpo": AlgorithmConfig(name="dr_grpo"),
+    # Sequence-mean aggregation, sequence-level ratio, truncated IS, entropy bonus and a k1 KL penalty at once.
+    "gspo_tis_entropy_kl": AlgorithmConfig(
+        name="gspo", off_policy="tis", is_cap=1.2, entropy_coef=0.01, kl_coef=0.05, kl_estimator="k1"
+    ),
+}
 
 
-def _rank_gradients(rank: int, world_size: int, model_dir: str, batch: dict, num_tokens: int) -> dict:
+def _config(model_dir: str, algorithm: AlgorithmConfig | None = None) -> SessionConfig:
+    return SessionConfig(
+        model=ModelConfig(path=model_dir),
+        train=TrainConfig(micro_batch_size=4),
+        algorithm=algorithm or AlgorithmConfig(),
+    )
+
+
+def _rank_gradients(
+    rank: int, world_size: int, model_dir: str, batch: dict, num_tokens: int, algorithm: AlgorithmConfig | None = None
+) -> dict:
     from accelerate import Accelerator
 
     from rlsdk.engine.train.engine import TrainEngine
 
-    engine = TrainEngine(_config(model_dir), Accelerator(cpu=True))
+    engine = TrainEngine(_config(model_dir, algorithm), Accelerator(cpu=True))
     per_rank = batch["advantages_B"].shape[0] // world_size
     shard = {k: v[rank * per_rank : (rank + 1) * per_rank] for k, v in batch.items()}
     engine.accumulate_gradients(shard, num_tokens)
@@ -96,6 +111,64 @@ def test_ddp_two_gloo_ranks_gradients_equal_single_process_global_token_mean(tin
     per_rank = run_gloo_ranks(_rank_gradients, 2, model_dir, batch, num_tokens)
 
     assert set(per_rank[0]) == set(expected)
+    for rank_grads in per_rank:
+        for name, grad in expected.items():
+            torch.testing.assert_close(rank_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def _reference_policy_gradients(model_dir: str, batch: dict, algorithm: AlgorithmConfig, max_len: int) -> dict:
+    """Single process, whole batch, ``policy_loss`` with its default (whole-batch) normalisers."""
+    from transformers import AutoModelForCausalLM
+
+    from rlsdk.algorithms import completion_logprobs, policy_loss
+
+    algo = algorithm.resolved()
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    ref_model = AutoModelForCausalLM.from_pretrained(model_dir)
+    inputs = (
+        batch["prompt_ids_B_P"],
+        batch["prompt_mask_B_P"],
+        batch["completion_ids_B_C"],
+        batch["completion_mask_B_C"],
+    )
+    logprobs_B_C, entropy_B_C = completion_logprobs(model, *inputs, with_entropy=True, entropy_grad=True)
+    with torch.no_grad():
+        ref_logprobs_B_C, _ = completion_logprobs(ref_model, *inputs)
+    correct = algo.off_policy != "none"
+    loss, _ = policy_loss(
+        logprobs_B_C,
+        logprobs_B_C.detach() if correct else batch["logprobs_B_C"],
+        batch["advantages_B"],
+        batch["completion_mask_B_C"],
+        clip_eps_low=algo.clip_eps_low,
+        clip_eps_high=algo.clip_eps_high,
+        loss_agg=algo.loss_agg or "token_mean",
+        ratio_level=algo.ratio_level or "token",
+        kl_coef=algo.kl_coef,
+        kl_estimator=algo.kl_estimator,
+        ref_logprobs_B_C=ref_logprobs_B_C if algo.kl_coef > 0 else None,
+        entropy_coef=algo.entropy_coef,
+        entropy_B_C=entropy_B_C,
+        behaviour_logprobs_B_C=batch["logprobs_B_C"] if correct else None,
+        is_cap=algo.is_cap if correct else None,
+        max_len=max_len,
+    )
+    loss.backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("algorithm", ["dr_grpo", "gspo_tis_entropy_kl"])
+def test_ddp_two_gloo_ranks_algorithm_options_equal_single_process_global_loss(
+    tiny_model_dir: Path, algorithm: str
+) -> None:
+    model_dir = str(tiny_model_dir)
+    batch = _make_batch(model_dir)
+    num_tokens = int(batch["completion_mask_B_C"].sum())
+    config = ALGORITHMS[algorithm]
+    expected = _reference_policy_gradients(model_dir, batch, config, _config(model_dir).rollout.max_new_tokens)
+
+    per_rank = run_gloo_ranks(_rank_gradients, 2, model_dir, batch, num_tokens, config)
+
     for rank_grads in per_rank:
         for name, grad in expected.items():
             torch.testing.assert_close(rank_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)

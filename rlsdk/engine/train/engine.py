@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from rlsdk.algorithms import completion_logprobs, grpo_loss
+from rlsdk.algorithms import completion_logprobs, policy_loss
 from rlsdk.config import SessionConfig
 from rlsdk.engine.weights import state_dict_checksum
 from rlsdk.observe.logging import get_logger, set_log_context
@@ -28,7 +28,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 # sums over ranks and takes the maximum of the _MAX_KEYS over ranks.
 _SUM_KEYS = (
     "loss_sum", "clipped_tokens", "ratio_sum", "kl_sum", "entropy_sum", "tokens",
-    "logprob_absdiff_sum", "ratio_dev_sq_sum",
+    "logprob_absdiff_sum", "ratio_dev_sq_sum", "objective", "is_weight_sum", "is_capped_tokens",
 )  # fmt: skip
 # Trainer-vs-engine agreement extremes; the ratio minimum is packed negated so that every entry is a maximum.
 _MAX_KEYS = ("logprob_absdiff_max", "ratio_max", "neg_ratio_min")
@@ -73,13 +73,15 @@ class TrainEngine:
     def unwrapped(self) -> torch.nn.Module:
         return self.accelerator.unwrap_model(self.model)
 
-    def update(self, shard: dict[str, torch.Tensor], num_tokens_global: int) -> dict[str, Any]:
+    def update(
+        self, shard: dict[str, torch.Tensor], num_tokens_global: int, *, num_sequences_global: int | None = None
+    ) -> dict[str, Any]:
         """One optimizer step on this rank's shard; returns metric SUMS over this shard (controller reduces).
 
         Publishes version + 1. See :meth:`accumulate_gradients` for the shard layout and normalisation.
         """
         start = time.perf_counter()
-        sums = self.accumulate_gradients(shard, num_tokens_global)
+        sums = self.accumulate_gradients(shard, num_tokens_global, num_sequences_global=num_sequences_global)
         grad_norm = torch.tensor(float("nan"))
         if self.config.train.max_grad_norm is not None:
             grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.train.max_grad_norm)
@@ -96,7 +98,9 @@ class TrainEngine:
         )
         return result
 
-    def accumulate_gradients(self, shard: dict[str, torch.Tensor], num_tokens_global: int) -> torch.Tensor:
+    def accumulate_gradients(
+        self, shard: dict[str, torch.Tensor], num_tokens_global: int, *, num_sequences_global: int | None = None
+    ) -> torch.Tensor:
         """Forward/backward over this rank's shard in micro-batches; gradients are left on the parameters.
 
         ``shard`` holds ``prompt_ids_B_P``, ``prompt_mask_B_P``, ``completion_ids_B_C``, ``completion_mask_B_C``,
@@ -104,9 +108,19 @@ class TrainEngine:
         rank runs the same number of forward/backward passes and DDP's all-reduces match; only the last
         micro-batch synchronises gradients. ``num_tokens_global`` is the completion-token count of the whole
         batch across ranks; each rank divides by ``num_tokens_global / world_size`` because DDP averages
-        gradients, so the result is the gradient of the global token-mean loss. Returns the metric sums
+        gradients, so the result is the gradient of the global token-mean loss. ``num_sequences_global`` (default:
+        this shard's sequences times the world size, as every rank gets an equal shard) is divided the same way
+        for the per-sequence aggregations of ``algorithm.loss_agg``. Returns the metric sums
         (``_SUM_KEYS`` order) followed by the maxima (``_MAX_KEYS`` order) as one float64 tensor, still on the
         device.
+
+        ``algorithm.off_policy`` 'tis' / 'decoupled': the proximal ("old") logprobs are this forward's own
+        logprobs, detached. That is exact here, not an approximation: the optimizer steps only after the last
+        micro-batch, so every forward runs on the weights the update starts from (the trainer's "recomputed old
+        logprobs" of the TIS note, at no extra forward). The PPO ratio is then exactly 1, so the clip never
+        engages; the importance weight trainer/engine carries the correction.
+        TODO(algorithms): with several optimizer steps per rollout (PPO epochs / mini-batches) the proximal
+        logprobs must be recomputed by a no-grad forward before the first step.
 
         Logprob agreement: every forward here runs on the weights the engine served for an on-policy batch (the
         optimizer steps only after the last micro-batch), so ``|logprobs - behaviour logprobs|`` and the
@@ -123,7 +137,13 @@ class TrainEngine:
         if batch_size == 0:
             raise ValueError("update shard is empty: every rank needs at least one sequence")
         micro = cfg.train.micro_batch_size
-        denom = num_tokens_global / self.accelerator.num_processes
+        world = self.accelerator.num_processes
+        algo = cfg.algorithm.resolved()
+        if num_sequences_global is None:
+            num_sequences_global = batch_size * world
+        denom = num_tokens_global / world
+        seq_denom = num_sequences_global / world
+        entropy_grad = algo.entropy_coef > 0
         self.model.train()
         sums = torch.zeros(len(_SUM_KEYS), dtype=torch.float64)
         maxima = torch.full((len(_MAX_KEYS),), float("-inf"), dtype=torch.float64)
@@ -143,6 +163,7 @@ class TrainEngine:
                     mb["completion_mask_B_C"],
                     temperature=cfg.rollout.temperature,
                     with_entropy=True,
+                    entropy_grad=entropy_grad,
                 )
                 ref_logprobs_B_C = None
                 if self.ref_model is not None:
@@ -155,16 +176,27 @@ class TrainEngine:
                             mb["completion_mask_B_C"],
                             temperature=cfg.rollout.temperature,
                         )
-                loss, metrics = grpo_loss(
+                correct = algo.off_policy != "none"
+                loss, metrics = policy_loss(
                     logprobs_B_C,
-                    mb["logprobs_B_C"],
+                    logprobs_B_C.detach() if correct else mb["logprobs_B_C"],
                     mb["advantages_B"],
                     mb["completion_mask_B_C"],
-                    clip_eps_low=cfg.algorithm.clip_eps_low,
-                    clip_eps_high=cfg.algorithm.clip_eps_high,
-                    kl_coef=cfg.algorithm.kl_coef,
+                    clip_eps_low=algo.clip_eps_low,
+                    clip_eps_high=algo.clip_eps_high,
+                    loss_agg=algo.loss_agg or "token_mean",
+                    ratio_level=algo.ratio_level or "token",
+                    kl_coef=algo.kl_coef,
+                    kl_estimator=algo.kl_estimator,
                     ref_logprobs_B_C=ref_logprobs_B_C,
+                    entropy_coef=algo.entropy_coef,
+                    entropy_B_C=entropy_B_C,
+                    behaviour_logprobs_B_C=mb["logprobs_B_C"] if correct else None,
+                    is_cap=algo.is_cap if correct else None,
+                    is_cap_mode="mask" if algo.off_policy == "decoupled" else "truncate",
                     num_tokens=denom,
+                    num_sequences=seq_denom,
+                    max_len=cfg.rollout.max_new_tokens,
                 )
                 self.accelerator.backward(loss)
             mask_B_C = mb["completion_mask_B_C"]
@@ -196,6 +228,9 @@ class TrainEngine:
                     metrics["tokens"].detach().double(),
                     absdiff_B_C.sum(),
                     (ratio_dev_B_C * ratio_dev_B_C).sum(),
+                    loss.detach().double(),
+                    metrics["is_weight_sum"].detach().double(),
+                    metrics["is_capped_tokens"].detach().double(),
                 ]
             )
             if self.on_progress is not None:
