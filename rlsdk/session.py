@@ -572,6 +572,8 @@ class Session:
             "step": float(self.step),
             "reward/mean": float(rewards_B.mean()),
             "reward/std": float(rewards_B.std()) if rewards_B.numel() > 1 else 0.0,
+            # components of a combine_rewards() reward (unweighted means), see Session.reward
+            **{f"reward/{name}": float(v.mean()) for name, v in rollout.info.get("reward_components", {}).items()},
             "train/loss": totals["loss_sum"] / tokens,
             # The aggregated loss actually differentiated (per algorithm.loss_agg); each rank's share is scaled
             # by the world size because DDP averages gradients.

@@ -12,7 +12,7 @@ import pytest
 
 from rlsdk import RankError, Session, SessionConfig, StaleRolloutError
 from rlsdk.config import ConfigError, ModelConfig
-from rlsdk.rewards import reverse_reward
+from rlsdk.rewards import combine_rewards, reverse_reward
 
 pytestmark = pytest.mark.distributed
 
@@ -39,7 +39,8 @@ def test_session_step_on_real_ranks_publishes_and_syncs_versions_then_closes_cle
                 await session.update(rollout)
             except ValueError as exc:
                 out["unrewarded_update"] = str(exc)
-            rollout = await session.reward(rollout, reverse_reward)
+            # one weighted component: the same rewards as reverse_reward, plus a reward/reverse metric
+            rollout = await session.reward(rollout, combine_rewards({"reverse": (reverse_reward, 1.0)}))
             stats = await session.update(rollout)
             out["stats"] = stats
             out["after_update"] = (session.versions.trainer_version, session.versions.engine_version)
@@ -68,6 +69,7 @@ def test_session_step_on_real_ranks_publishes_and_syncs_versions_then_closes_cle
     assert stats["version/trainer"] == 1.0
     assert 0.0 <= stats["train/clip_fraction"] <= 1.0
     assert stats["train/tokens"] > 0
+    assert stats["reward/reverse"] == pytest.approx(stats["reward/mean"], rel=0, abs=1e-6)
     assert stats["agreement/logprob_absdiff_max"] < 1e-4  # the ranks' logprobs vs the embedded engine's
     assert abs(stats["agreement/ratio_max"] - 1.0) < 1e-4 and stats["agreement/ratio_rms_dev"] < 1e-4
     output = Path(small_config.observe.output_dir)
