@@ -77,9 +77,12 @@ class ControllerChannel:
         on_log: called in the event loop with each log record dict a rank ships (its ``rank`` key is filled
             in when missing). ``None`` re-logs the record through ``rlsdk.control.rank``. Exceptions it
             raises are logged and swallowed.
+        max_message_bytes: the largest frame accepted from any peer (``ZMQ_MAXMSGSIZE``); a peer sending a
+            larger one is disconnected by ZeroMQ before Python sees a byte of it.
 
     Raises:
-        ValueError: empty ``secret`` or ``session_id``, or ``heartbeat_interval_s <= 0``.
+        ValueError: empty ``secret`` or ``session_id``, ``heartbeat_interval_s <= 0`` or
+            ``max_message_bytes < 1``.
     """
 
     def __init__(
@@ -90,7 +93,10 @@ class ControllerChannel:
         host: str = "127.0.0.1",
         heartbeat_interval_s: float = protocol.DEFAULT_HEARTBEAT_INTERVAL_S,
         on_log: Callable[[dict[str, Any]], None] | None = None,
+        max_message_bytes: int = protocol.MAX_MESSAGE_BYTES,
     ) -> None:
+        if max_message_bytes < 1:
+            raise ValueError(f"max_message_bytes={max_message_bytes!r} is invalid: allowed an int >= 1")
         if not secret:
             raise ValueError("secret is empty: allowed a non-empty bytes string (use new_session_secret())")
         if not session_id:
@@ -100,6 +106,7 @@ class ControllerChannel:
         self._secret = bytes(secret)
         self._session_id = session_id
         self._host = host
+        self._max_message_bytes = int(max_message_bytes)
         self._heartbeat_interval_s = float(heartbeat_interval_s)
         self._on_log = on_log if on_log is not None else _relog_record
         self._context: zmq.Context[zmq.Socket[bytes]] | None = None
@@ -181,6 +188,9 @@ class ControllerChannel:
         # rejects the new connection while the old one is not yet torn down, and the rank's hello is lost.
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         sock.setsockopt(zmq.LINGER, 0)
+        # An oversized frame (any peer, authenticated or not) drops that peer's connection inside ZeroMQ: it
+        # never reaches Python, never allocates beyond the limit, and the channel goes on.
+        sock.setsockopt(zmq.MAXMSGSIZE, self._max_message_bytes)
         bind_host = self._host
         if ":" in bind_host and not bind_host.startswith("["):
             sock.setsockopt(zmq.IPV6, 1)

@@ -70,6 +70,9 @@ RLSDK_HEARTBEAT_TIMEOUT_S = "RLSDK_HEARTBEAT_TIMEOUT_S"
 """Seconds without a controller heartbeat after which a rank considers the controller lost."""
 
 DEFAULT_HEARTBEAT_INTERVAL_S = 1.0
+# Largest frame a socket of the channel accepts: a body at the codec's limit plus room for the header. ZeroMQ
+# disconnects a peer that sends more (ZMQ_MAXMSGSIZE) before any byte of it reaches Python.
+MAX_MESSAGE_BYTES = codec.MAX_PAYLOAD_BYTES + (1 << 20)
 # Generous on purpose: a notebook cell that runs synchronous code blocks the kernel's event loop, and with it
 # the controller's heartbeats; ranks must not kill themselves because a user ran a slow cell.
 DEFAULT_HEARTBEAT_TIMEOUT_S = 60.0

@@ -357,6 +357,7 @@ class RankChannel:
         sock = self._context.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, identity)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
         sock.connect(self.address)
         return sock
 

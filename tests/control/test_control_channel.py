@@ -448,3 +448,39 @@ def test_from_env_reads_the_environment_contract() -> None:
     assert rank._secret == secret and rank._heartbeat_interval_s == 0.25 and rank._heartbeat_timeout_s == 3.0
     with pytest.raises(ControlError, match="RLSDK_SESSION_SECRET"):
         RankChannel.from_env(0, 1, environ={"RLSDK_CONTROL_ADDR": "tcp://x:1", "RLSDK_SESSION_ID": "s"})
+
+
+def test_oversized_message_from_a_peer_is_refused_by_zeromq_and_the_channel_goes_on() -> None:
+    async def body() -> None:
+        channel, secret, session_id = new_controller(max_message_bytes=1 << 20)
+        async with channel:
+            context = zmq.Context()
+            try:
+                # an authentic, well-formed hello, but with a 2 MiB body: over the 1 MiB frame limit
+                huge = context.socket(zmq.DEALER)
+                huge.setsockopt(zmq.IDENTITY, b"cmd-0")
+                huge.setsockopt(zmq.LINGER, 0)
+                huge.connect(channel.address)
+                frames = protocol.encode(
+                    secret, kind="hello", seq=0, rank=0, session=session_id, body={"rank": 0, "pad": b"x" * (2 << 20)}
+                )
+                huge.send_multipart(frames)
+                await asyncio.sleep(0.5)
+                huge.close()
+            finally:
+                context.term()
+            registered_by_huge = dict(channel.ranks)
+            with rank_threads(channel, 1, secret, session_id):
+                await channel.wait_for_ranks(1, timeout_s=5.0)
+                result = await channel.broadcast("add", {"x": 5}, timeout_s=5.0)
+                await channel.shutdown_ranks()
+
+        assert registered_by_huge == {}  # never decoded, never registered
+        assert result == [5]
+
+    run(body)
+
+
+def test_controller_rejects_a_non_positive_message_limit() -> None:
+    with pytest.raises(ValueError, match="max_message_bytes"):
+        new_controller(max_message_bytes=0)
