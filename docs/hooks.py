@@ -6,7 +6,8 @@
 - ``reference/cli.md``: the ``--help`` output of ``rlsdk run recipes/grpo_reverse.py``, captured from the CLI
   itself (tyro builds it from the same dataclasses).
 - ``benchmarks.md``: how to run ``benchmarks/session_overhead.py``, with the figures of
-  ``benchmarks/results/session_overhead.json`` when that file exists.
+  ``benchmarks/results/session_overhead.json`` when that file exists, then the tracer-overhead and dashboard
+  log-flood figures (``tracer_overhead.json``, ``dashboard_logs.json`` in the same folder) when present.
 
 ``python docs/hooks.py OUT_DIR`` writes the same pages into ``OUT_DIR`` to read them without mkdocs.
 """
@@ -38,7 +39,9 @@ def generate_pages() -> dict[str, str]:
     return {
         "reference/config.md": config_reference(),
         "reference/cli.md": cli_reference(),
-        "benchmarks.md": benchmarks_page(ROOT / BENCH_JSON),
+        "benchmarks.md": benchmarks_page(ROOT / BENCH_JSON)
+        + tracer_section(ROOT / "benchmarks/results/tracer_overhead.json")
+        + dashboard_section(ROOT / "benchmarks/results/dashboard_logs.json"),
     }
 
 
@@ -180,6 +183,63 @@ def benchmarks_page(path: Path) -> str:
         )
     lines.append("")
     return "\n".join(lines)
+
+
+def tracer_section(path: Path) -> str:
+    """``benchmarks/tracer_overhead.py``'s figures (see its docstring), or nothing when the file is absent."""
+    if not path.is_file():
+        return ""
+    data = json.loads(path.read_text())
+    record, recipe = data.get("record_us", {}), data.get("recipe") or {}
+    quick = " (a `--quick` smoke run: not a measurement)" if data.get("quick") else ""
+    lines = [
+        "",
+        f"## Collective tracer overhead{quick}",
+        "",
+        "`python benchmarks/tracer_overhead.py --json benchmarks/results/tracer_overhead.json`",
+        "",
+        "| measurement | value | target |",
+        "| --- | --- | --- |",
+        f"| recording cost per collective, median / p99 (us) | {_num(record, 'median')} / {_num(record, 'p99')} "
+        "| median <= 5 |",
+    ]
+    if recipe:
+        steps = recipe.get("step_s", {})
+        off, on = steps.get("off", {}).get("median"), steps.get("on", {}).get("median")
+        lines.append(
+            f"| default recipe step, tracer on / off ({recipe.get('rounds')} interleaved rounds; off "
+            f"{(off or 0) * 1e3:.1f} ms, on {(on or 0) * 1e3:.1f} ms) | {recipe.get('ratio_of_medians', 0):.3f} "
+            "| <= 1.02 |"
+        )
+    if "ddp_step_ratio" in data:
+        lines.append(f"| DDP tiny-MLP micro-step, traced / plain gloo | {data['ddp_step_ratio']:.3f} | (context) |")
+    return "\n".join(lines) + "\n"
+
+
+def dashboard_section(path: Path) -> str:
+    """``benchmarks/dashboard_logs.py``'s figures, or nothing when the file is absent."""
+    if not path.is_file():
+        return ""
+    data = json.loads(path.read_text())
+    return (
+        "\n".join(
+            [
+                "",
+                "## Dashboard under a log flood",
+                "",
+                "`python benchmarks/dashboard_logs.py --json benchmarks/results/dashboard_logs.json` (a real Jupyter "
+                "kernel; 4 ranks' worth of records)",
+                "",
+                "| measurement | value | target |",
+                "| --- | --- | --- |",
+                f"| records | {int(data.get('records', 0))} | |",
+                f"| records/s displayed | {_num(data, 'displayed_per_s')} | |",
+                f"| event-loop lag p50 / p99 / max (ms) | {_num(data, 'lag_ms_p50')} / {_num(data, 'lag_ms_p99')} / "
+                f"{_num(data, 'lag_ms_max')} | p99 < 100 |",
+            ]
+        )
+        + "\n"
+    )
 
 
 def _num(stats: dict[str, Any], key: str) -> str:
