@@ -180,6 +180,10 @@ class TrainConfig:
         target_reward: Stop early once the moving mean reward reaches this; None = never.
         checkpoint_every: Save a checkpoint every N steps, >= 0; 0 = only at the end.
         keep_checkpoints: Most recent checkpoints kept on disk, >= 1.
+        parallelism: How the ranks hold the model: 'ddp' (default; every rank holds the whole model, gradients
+            all-reduced) or 'fsdp2' (torch ``fully_shard`` per decoder layer and the root: parameters, gradients
+            and optimizer state sharded over the ranks). Same update, same exported weights; 'fsdp2' trades
+            all-gathers for memory.
     """
 
     lr: float = 1e-3
@@ -191,6 +195,7 @@ class TrainConfig:
     target_reward: float | None = None
     checkpoint_every: int = 0
     keep_checkpoints: int = 2
+    parallelism: Literal["ddp", "fsdp2"] = "ddp"
 
     def __post_init__(self) -> None:
         check_types(self)

@@ -81,7 +81,8 @@ class Worker:
         logging.getLogger("rlsdk").setLevel(config.observe.log_level)
         self.engine = TrainEngine(config, self.accelerator)
         self.engine.on_progress = self.report_progress
-        return self.engine.weight_info() if self.rank == 0 else {"version": self.engine.version}
+        # Every rank calls it (a collective with train.parallelism 'fsdp2'); only rank 0 computes the checksum.
+        return self.engine.weight_info(with_checksum=self.rank == 0)
 
     def update(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._require_engine().update(
@@ -92,10 +93,8 @@ class Worker:
         return self._require_engine().weight_info()
 
     def export_weights(self, body: dict[str, Any]) -> dict[str, Any]:
-        engine = self._require_engine()
-        if self.rank != body.get("src", 0):
-            return {"version": engine.version}
-        return engine.export_weights(body["publish_dir"])
+        # Every rank calls it (the 'fsdp2' gather is a collective); only ``src`` writes.
+        return self._require_engine().export_weights(body["publish_dir"], is_writer=self.rank == body.get("src", 0))
 
     def save_checkpoint(self, body: dict[str, Any]) -> list[str]:
         return self._require_engine().save_checkpoint(body["directory"], is_writer=self.rank == 0)

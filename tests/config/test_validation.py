@@ -64,6 +64,7 @@ BAD_VALUES = [
     (TrainConfig, {"target_reward": "high"}, "target_reward", "high"),
     (TrainConfig, {"checkpoint_every": -1}, "checkpoint_every", -1),
     (TrainConfig, {"keep_checkpoints": 0}, "keep_checkpoints", 0),
+    (TrainConfig, {"parallelism": "fsdp"}, "parallelism", "fsdp"),
     (AlgorithmConfig, {"name": "ppo"}, "name", "ppo"),
     (AlgorithmConfig, {"clip_eps_low": 0.0}, "clip_eps_low", 0.0),
     (AlgorithmConfig, {"clip_eps_low": 1.0}, "clip_eps_low", 1.0),

@@ -1,7 +1,12 @@
-"""TrainEngine: one rank's model and optimizer, prepared by accelerate (DDP on gloo for CPU ranks).
+"""TrainEngine: one rank's model and optimizer, data-parallel by ``train.parallelism``.
 
-Runs inside ``rlsdk.worker``. Every method is called on every rank in the same order (SPMD); the only
-collectives are the ones DDP issues for gradients, so no collective depends on rank or data.
+'ddp': prepared by accelerate (DDP on gloo for CPU ranks). 'fsdp2': torch ``fully_shard`` per decoder layer and
+the root (``rlsdk.engine.train.fsdp``); accelerate does not wrap the model or the optimizer.
+
+Runs inside ``rlsdk.worker``. Every method is called on every rank in the same order (SPMD); the collectives are
+the ones DDP / FSDP2 issue for gradients and, with 'fsdp2', the all-gathers of ``weight_info``,
+``export_weights`` and ``save_checkpoint`` (which every rank therefore calls), so no collective depends on rank
+or data.
 """
 
 from __future__ import annotations
@@ -52,10 +57,22 @@ class TrainEngine:
             trust_remote_code=config.model.trust_remote_code,
         )
         train = config.train
-        optimizer = torch.optim.AdamW(
-            model.parameters(), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay
-        )
-        self.model, self.optimizer = accelerator.prepare(model, optimizer)
+        self.fsdp2 = train.parallelism == "fsdp2"
+        if self.fsdp2:
+            from rlsdk.engine.train.fsdp import shard_model
+
+            # The optimizer is built on the sharded (DTensor) parameters, so its state is sharded too.
+            layers = shard_model(model, accelerator.device.type, accelerator.num_processes)
+            logger.info("fsdp2: %d decoder layers sharded separately, then the root", layers)
+            self.model: Any = model
+            self.optimizer: Any = torch.optim.AdamW(
+                model.parameters(), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay
+            )
+        else:
+            optimizer = torch.optim.AdamW(
+                model.parameters(), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay
+            )
+            self.model, self.optimizer = accelerator.prepare(model, optimizer)
         self.ref_model: torch.nn.Module | None = None
         if config.algorithm.kl_coef > 0:
             self.ref_model = AutoModelForCausalLM.from_pretrained(
@@ -71,7 +88,34 @@ class TrainEngine:
 
     @property
     def unwrapped(self) -> torch.nn.Module:
-        return self.accelerator.unwrap_model(self.model)
+        """The model without the DDP wrapper; with 'fsdp2' the sharded model itself (DTensor parameters)."""
+        return self.model if self.fsdp2 else self.accelerator.unwrap_model(self.model)
+
+    def _full_state_dict(self, *, keep: bool) -> dict[str, torch.Tensor] | None:
+        """The unsharded state dict where ``keep`` (None elsewhere). Collective with 'fsdp2' (every rank calls
+        it); with 'ddp' local, and ranks that do not keep it do nothing."""
+        if self.fsdp2:
+            from rlsdk.engine.train.fsdp import full_state_dict
+
+            return full_state_dict(self.model, keep=keep)
+        return self.unwrapped.state_dict() if keep else None
+
+    def _no_sync(self) -> contextlib.AbstractContextManager[Any]:
+        """Skip the gradient reduction of a non-final micro-batch (gradients accumulate locally, unsharded
+        with 'fsdp2'); the last micro-batch's backward reduces the sum."""
+        if not self.fsdp2:
+            return self.accelerator.no_sync(self.model)
+        model = self.model
+
+        @contextlib.contextmanager
+        def no_sync() -> Any:
+            model.set_requires_gradient_sync(False)
+            try:
+                yield
+            finally:
+                model.set_requires_gradient_sync(True)
+
+        return no_sync()
 
     def update(
         self, shard: dict[str, torch.Tensor], num_tokens_global: int, *, num_sequences_global: int | None = None
@@ -84,7 +128,12 @@ class TrainEngine:
         sums = self.accumulate_gradients(shard, num_tokens_global, num_sequences_global=num_sequences_global)
         grad_norm = torch.tensor(float("nan"))
         if self.config.train.max_grad_norm is not None:
-            grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.train.max_grad_norm)
+            if self.fsdp2:
+                from rlsdk.engine.train.fsdp import clip_grad_norm
+
+                grad_norm = clip_grad_norm(list(self.model.parameters()), self.config.train.max_grad_norm)
+            else:
+                grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.train.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
@@ -153,7 +202,7 @@ class TrainEngine:
         for index, lo in enumerate(starts):
             mb = {name: tensor[lo : lo + micro] for name, tensor in shard.items()}
             last = index == len(starts) - 1
-            sync_ctx = contextlib.nullcontext() if last else self.accelerator.no_sync(self.model)
+            sync_ctx = contextlib.nullcontext() if last else self._no_sync()
             with sync_ctx:
                 logprobs_B_C, entropy_B_C = completion_logprobs(
                     self.model,
@@ -237,29 +286,55 @@ class TrainEngine:
                 self.on_progress(index + 1, len(starts))
         return torch.cat([sums, maxima])
 
-    def weight_info(self) -> dict[str, Any]:
-        return {"version": self.version, "checksum": state_dict_checksum(self.unwrapped.state_dict())}
+    def weight_info(self, *, with_checksum: bool = True) -> dict[str, Any]:
+        """``{"version", "checksum"}`` (``state_dict_checksum`` of the full state dict); without
+        ``with_checksum`` only ``{"version"}``. Every rank calls it: with 'fsdp2' the checksum needs the
+        gathered weights (a collective), and ranks without ``with_checksum`` only take part."""
+        state_dict = self._full_state_dict(keep=with_checksum)
+        if state_dict is None:
+            return {"version": self.version}
+        return {"version": self.version, "checksum": state_dict_checksum(state_dict)}
 
-    def export_weights(self, publish_dir: str) -> dict[str, Any]:
-        """Write the current weights to ``publish_dir/v{version}.safetensors`` (atomic rename) with a checksum."""
+    def export_weights(self, publish_dir: str, *, is_writer: bool = True) -> dict[str, Any]:
+        """Write the current weights to ``publish_dir/v{version}.safetensors`` (atomic rename) with a checksum.
+
+        Every rank calls it (with 'fsdp2' the gather is a collective); only the ``is_writer`` rank writes and
+        returns ``{"version", "path", "checksum"}``, the others return ``{"version"}``. The file is what
+        ``safetensors.torch.save_model`` writes for the unsharded model, whatever the parallelism.
+        """
         from safetensors.torch import save_model
 
+        state_dict = self._full_state_dict(keep=is_writer) if self.fsdp2 else None
+        if not is_writer:
+            return {"version": self.version}
         os.makedirs(publish_dir, exist_ok=True)
         path = os.path.join(publish_dir, f"v{self.version}.safetensors")
         tmp = f"{path}.tmp-{os.getpid()}"
-        model = self.unwrapped
-        save_model(model, tmp)
+        if state_dict is None:
+            model = self.unwrapped
+            save_model(model, tmp)
+            state_dict = model.state_dict()
+        else:
+            from rlsdk.engine.train.fsdp import StateDictSource
+
+            save_model(StateDictSource(state_dict), tmp)  # type: ignore[arg-type]
         os.replace(tmp, path)
         for old in Path(publish_dir).glob("v*.safetensors"):
             if old.name != Path(path).name:
                 with contextlib.suppress(FileNotFoundError):
                     old.unlink()
-        return {"version": self.version, "path": path, "checksum": state_dict_checksum(model.state_dict())}
+        return {"version": self.version, "path": path, "checksum": state_dict_checksum(state_dict)}
 
     def save_checkpoint(self, directory: str, *, is_writer: bool) -> list[str]:
         """Write this rank's part of a checkpoint into ``directory`` (a temporary directory the controller
         renames once every rank is done). The writer rank writes the model (``save_pretrained``) and the
-        optimizer; every rank writes its RNG states. Returns the files written, relative to ``directory``."""
+        optimizer; every rank writes its RNG states. Returns the files written, relative to ``directory``.
+
+        With 'fsdp2' every rank takes part in gathering the full model and the full optimizer state
+        (``get_optimizer_state_dict(full_state_dict=True, cpu_offload=True)``, which only rank 0 receives, so
+        the writer must be rank 0); ``trainer_state.pt`` then holds that FQN-keyed optimizer state dict
+        (``optimizer_format`` 'fsdp2_full'), where 'ddp' holds ``optimizer.state_dict()`` (index-keyed).
+        """
         from rlsdk.engine.train.checkpoint import rng_state
 
         out = Path(directory)
@@ -267,9 +342,22 @@ class TrainEngine:
         rank = self.accelerator.process_index
         written = [f"rng_rank{rank}.pt"]
         torch.save(rng_state(), out / written[0])
+        state: dict[str, Any] = {"version": self.version}
+        model_state: dict[str, torch.Tensor] | None = None
+        if self.fsdp2:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+            if is_writer and rank != 0:
+                raise ValueError(f"fsdp2 checkpoints are written by rank 0, got writer rank {rank}")
+            model_state = self._full_state_dict(keep=is_writer)
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            state["optimizer"] = get_optimizer_state_dict(self.model, self.optimizer, options=options)
+            state["optimizer_format"] = "fsdp2_full"
+        elif is_writer:
+            state["optimizer"] = self.optimizer.state_dict()
         if is_writer:
-            self.unwrapped.save_pretrained(out / "model", safe_serialization=True)
-            torch.save({"optimizer": self.optimizer.state_dict(), "version": self.version}, out / "trainer_state.pt")
+            self.unwrapped.save_pretrained(out / "model", state_dict=model_state, safe_serialization=True)
+            torch.save(state, out / "trainer_state.pt")
             written += [str(p.relative_to(out)) for p in (out / "model").rglob("*") if p.is_file()]
             written.append("trainer_state.pt")
         return written
