@@ -524,6 +524,11 @@ class Session:
             "prompt_mask_B_P": rollout.prompt_mask_B_P[index_B],
             "completion_ids_B_C": rollout.completion_ids_B_C[index_B],
             "completion_mask_B_C": rollout.completion_mask_B_C[index_B],
+            # what the trainer's forward attends to: the engine's context (tool outputs of a multi-turn rollout
+            # included), a superset of the trained tokens
+            "completion_attention_mask_B_C": (
+                rollout.completion_mask_B_C if rollout.attention_mask_B_C is None else rollout.attention_mask_B_C
+            )[index_B],
             "logprobs_B_C": rollout.logprobs_B_C[index_B],
             "advantages_B": advantages_B[index_B],
         }

@@ -63,6 +63,7 @@ def completion_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = False,
+    attention_mask_B_C: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities (and optionally entropies) of the completion tokens, in one forward pass.
 
@@ -87,6 +88,10 @@ def completion_logprobs(
             (computed without gradient: a metric, unless ``entropy_grad``).
         entropy_grad: with ``with_entropy``, keep the entropy in the autograd graph (for an entropy bonus in
             the loss).
+        attention_mask_B_C: bool/int, the completion tokens in context, when that differs from
+            ``completion_mask_B_C`` (multi-turn rollouts: tool-output tokens are attended to but not trained
+            on); ``None`` uses ``completion_mask_B_C``. It replaces ``completion_mask_B_C`` in the attention
+            mask and the positions above.
 
     Returns:
         ``(logprobs_B_C, entropy_B_C or None)``, float32, in nats.
@@ -105,6 +110,11 @@ def completion_logprobs(
             f"completion_ids_B_C shape {tuple(completion_ids_B_C.shape)} and completion_mask_B_C shape "
             f"{tuple(completion_mask_B_C.shape)} must be equal and 2-D"
         )
+    if attention_mask_B_C is not None and attention_mask_B_C.shape != completion_ids_B_C.shape:
+        raise ValueError(
+            f"attention_mask_B_C shape {tuple(attention_mask_B_C.shape)} must equal completion_ids_B_C shape "
+            f"{tuple(completion_ids_B_C.shape)}"
+        )
     if prompt_ids_B_P.shape[0] != completion_ids_B_C.shape[0]:
         raise ValueError(
             f"prompt_ids_B_P has {prompt_ids_B_P.shape[0]} rows, completion_ids_B_C has {completion_ids_B_C.shape[0]}"
@@ -115,7 +125,8 @@ def completion_logprobs(
         raise ValueError("prompt_ids_B_P has no columns: every sequence needs at least one prompt token")
 
     input_ids_B_T = torch.cat([prompt_ids_B_P, completion_ids_B_C], dim=1).long()
-    attention_mask_B_T = torch.cat([prompt_mask_B_P.long(), completion_mask_B_C.long()], dim=1)
+    context_mask_B_C = completion_mask_B_C if attention_mask_B_C is None else attention_mask_B_C
+    attention_mask_B_T = torch.cat([prompt_mask_B_P.long(), context_mask_B_C.long()], dim=1)
     position_ids_B_T = (attention_mask_B_T.cumsum(dim=1) - 1).clamp(min=0)
     output = model(
         input_ids=input_ids_B_T,

@@ -1,6 +1,6 @@
-"""Data sets and batching: procedurally generated tasks (reverse-digits, arithmetic, countdown), local prompt files
-(JSON Lines, Parquet, Arrow, ``save_to_disk`` directories), chat templating, a token budget, and the resumable
-sampler."""
+"""Data sets and batching: procedurally generated tasks (reverse-digits, arithmetic, countdown, calculator tool
+use), local prompt files (JSON Lines, Parquet, Arrow, ``save_to_disk`` directories), chat templating, a token
+budget, and the resumable sampler."""
 
 from rlsdk.data.files import SUPPORTED_SUFFIXES, load_prompt_dataset
 from rlsdk.data.prepare import (
@@ -19,6 +19,7 @@ from rlsdk.data.reverse import (
     reverse_digits_dataset,
 )
 from rlsdk.data.tasks import arithmetic_dataset, countdown_dataset
+from rlsdk.data.tool_tasks import calculator_dataset, calculator_env, safe_arithmetic, tool_answer_reward
 
 __all__ = [
     "SUPPORTED_SUFFIXES",
@@ -30,10 +31,14 @@ __all__ = [
     "build_prompt_dataset",
     "build_tiny_policy",
     "build_tokenizer",
+    "calculator_dataset",
+    "calculator_env",
     "countdown_dataset",
     "data_needs_tokenizer",
     "filter_long_prompts",
     "load_prompt_dataset",
     "prepare_prompts",
     "reverse_digits_dataset",
+    "safe_arithmetic",
+    "tool_answer_reward",
 ]

@@ -22,6 +22,9 @@ class Rollout:
     - ``completions``: decoded completion text per sample (``B`` strings, EOS removed).
     - ``versions_B_C``: weight version that produced each token (-1 on padding).
     - ``rewards_B``: float32 rewards, ``None`` until :meth:`Session.reward` has run.
+    - ``attention_mask_B_C``: bool, the completion tokens in the model's context: ``None`` means
+      ``completion_mask_B_C``. Multi-turn workflows set it True on tool-output tokens too, which are in the
+      context but not trained on (``completion_mask_B_C`` False there).
     """
 
     rows: list[dict[str, Any]]
@@ -35,6 +38,7 @@ class Rollout:
     completions: list[str]
     rewards_B: torch.Tensor | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    attention_mask_B_C: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         batch = self.completion_ids_B_C.shape[0]
@@ -44,6 +48,10 @@ class Rollout:
         for name in ("completion_mask_B_C", "logprobs_B_C", "versions_B_C"):
             if tuple(getattr(self, name).shape) != shape_B_C:
                 raise ValueError(f"Rollout.{name} has shape {tuple(getattr(self, name).shape)}, want {shape_B_C}")
+        if self.attention_mask_B_C is not None and tuple(self.attention_mask_B_C.shape) != shape_B_C:
+            raise ValueError(
+                f"Rollout.attention_mask_B_C has shape {tuple(self.attention_mask_B_C.shape)}, want {shape_B_C}"
+            )
         if tuple(self.prompt_mask_B_P.shape) != tuple(self.prompt_ids_B_P.shape):
             raise ValueError("Rollout.prompt_mask_B_P must have the shape of prompt_ids_B_P")
         if len(self.completions) != batch:

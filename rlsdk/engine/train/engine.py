@@ -153,15 +153,17 @@ class TrainEngine:
         """Forward/backward over this rank's shard in micro-batches; gradients are left on the parameters.
 
         ``shard`` holds ``prompt_ids_B_P``, ``prompt_mask_B_P``, ``completion_ids_B_C``, ``completion_mask_B_C``,
-        ``logprobs_B_C`` (behaviour) and ``advantages_B``. Every rank gets the same number of sequences, so every
-        rank runs the same number of forward/backward passes and DDP's all-reduces match; only the last
-        micro-batch synchronises gradients. ``num_tokens_global`` is the completion-token count of the whole
-        batch across ranks; each rank divides by ``num_tokens_global / world_size`` because DDP averages
-        gradients, so the result is the gradient of the global token-mean loss. ``num_sequences_global`` (default:
-        this shard's sequences times the world size, as every rank gets an equal shard) is divided the same way
-        for the per-sequence aggregations of ``algorithm.loss_agg``. Returns the metric sums
-        (``_SUM_KEYS`` order) followed by the maxima (``_MAX_KEYS`` order) as one float64 tensor, still on the
-        device.
+        ``logprobs_B_C`` (behaviour) and ``advantages_B``, and optionally ``completion_attention_mask_B_C`` (the
+        completion tokens the forward attends to, a superset of ``completion_mask_B_C``: a multi-turn rollout's tool
+        outputs are in context but not trained on; default: ``completion_mask_B_C``). Every rank gets the same number of
+        sequences, so every rank runs the same number of forward/backward passes and DDP's all-reduces (FSDP2's
+        all-gathers and reduce-scatters) match; only the last micro-batch synchronises gradients. ``num_tokens_global``
+        is the completion-token count of the whole batch across ranks; each rank divides by ``num_tokens_global /
+        world_size`` because DDP's all-reduce and FSDP2's reduce-scatter both AVERAGE gradients, so the result is the
+        gradient of the global token-mean loss. ``num_sequences_global`` (default: this shard's sequences times the
+        world size, as every rank gets an equal shard) is divided the same way for the per-sequence aggregations of
+        ``algorithm.loss_agg``. Returns the metric sums (``_SUM_KEYS`` order) followed by the maxima (``_MAX_KEYS``
+        order) as one float64 tensor, still on the device.
 
         ``algorithm.off_policy`` 'tis' / 'decoupled': the proximal ("old") logprobs are this forward's own
         logprobs, detached. That is exact here, not an approximation: the optimizer steps only after the last
@@ -180,8 +182,11 @@ class TrainEngine:
         cfg = self.config
         expected = {"prompt_ids_B_P", "prompt_mask_B_P", "completion_ids_B_C", "completion_mask_B_C",
                     "logprobs_B_C", "advantages_B"}  # fmt: skip
-        if set(shard) != expected:
-            raise ValueError(f"update shard has keys {sorted(shard)}, expected {sorted(expected)}")
+        optional = {"completion_attention_mask_B_C"}  # default: completion_mask_B_C (attend = train)
+        if not expected <= set(shard) <= expected | optional:
+            raise ValueError(
+                f"update shard has keys {sorted(shard)}, expected {sorted(expected)} (+ optional {sorted(optional)})"
+            )
         batch_size = shard["completion_ids_B_C"].shape[0]
         if batch_size == 0:
             raise ValueError("update shard is empty: every rank needs at least one sequence")
@@ -210,6 +215,7 @@ class TrainEngine:
                     mb["prompt_mask_B_P"],
                     mb["completion_ids_B_C"],
                     mb["completion_mask_B_C"],
+                    attention_mask_B_C=mb.get("completion_attention_mask_B_C"),
                     temperature=cfg.rollout.temperature,
                     with_entropy=True,
                     entropy_grad=entropy_grad,
@@ -223,6 +229,7 @@ class TrainEngine:
                             mb["prompt_mask_B_P"],
                             mb["completion_ids_B_C"],
                             mb["completion_mask_B_C"],
+                            attention_mask_B_C=mb.get("completion_attention_mask_B_C"),
                             temperature=cfg.rollout.temperature,
                         )
                 correct = algo.off_policy != "none"
