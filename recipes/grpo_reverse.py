@@ -64,9 +64,10 @@ async def main(config: SessionConfig) -> dict[str, object]:
     target = config.train.target_reward
     start = time.perf_counter()
     async with await Session.start(config) as session:
-        progress = tqdm(total=config.train.max_steps, desc="GRPO", unit="step")
+        # Resumed (--train.resume-from): continue at the checkpoint's step, up to the same max_steps.
+        progress = tqdm(total=config.train.max_steps, initial=session.step, desc="GRPO", unit="step")
         moving = 0.0
-        for step in range(1, config.train.max_steps + 1):
+        for step in range(session.step + 1, config.train.max_steps + 1):
             rollout = await session.rollout()
             rollout = await session.reward(rollout, reverse_reward)
             stats = await session.update(rollout)

@@ -74,6 +74,46 @@ def check_data(config: SessionConfig) -> tuple[Any, Any]:
     return build_prompt_dataset(config.data, seed=config.seed, tokenizer=tokenizer), tokenizer
 
 
+def load_resume_state(config: SessionConfig) -> tuple[Path, dict[str, Any]] | None:
+    """Find and verify the checkpoint ``train.resume_from`` names, before any process starts; ``None`` when not
+    resuming. Returns ``(directory, state)``: ``state`` holds the controller's parts (``ledger``, ``data``,
+    ``session``: step and rollout counters, None in checkpoints written before they were saved).
+
+    Raises ``ConfigError`` naming ``train.resume_from`` (missing directory, no manifest.json, a checksum that
+    does not match, see :func:`rlsdk.engine.train.checkpoint.resolve_checkpoint`), ``launch.num_ranks`` (the
+    checkpoint has another rank count) or ``train.parallelism`` (another optimizer state layout).
+    """
+    import json
+
+    import yaml
+
+    from rlsdk.engine.train.checkpoint import resolve_checkpoint
+
+    if config.train.resume_from is None:
+        return None
+    directory = resolve_checkpoint(config.train.resume_from, Path(config.observe.output_dir))
+    saved = yaml.safe_load((directory / "config.yaml").read_text(encoding="utf-8"))
+    # TODO(train): resuming on another rank count (re-seeding the ranks' generators) or converting the optimizer
+    # state between 'ddp' and 'fsdp2' layouts is undecided; refuse rather than continue inexactly.
+    ranks = saved.get("launch", {}).get("num_ranks")
+    if ranks is not None and ranks != config.launch.num_ranks:
+        raise ConfigError(
+            "launch.num_ranks", config.launch.num_ranks, f"{ranks}, the rank count of checkpoint {directory}"
+        )
+    parallelism = saved.get("train", {}).get("parallelism", "ddp")
+    if parallelism != config.train.parallelism:
+        raise ConfigError(
+            "train.parallelism", config.train.parallelism, f"{parallelism!r}, the parallelism of checkpoint {directory}"
+        )
+    session_file = directory / "session.json"
+    state = {
+        "ledger": json.loads((directory / "ledger.json").read_text(encoding="utf-8")),
+        "data": json.loads((directory / "data_state.json").read_text(encoding="utf-8")),
+        "session": json.loads(session_file.read_text(encoding="utf-8")) if session_file.is_file() else None,
+    }
+    return directory, state
+
+
 class Session:
     """A live RL session: background train ranks, an inference engine, and the version ledger.
 
@@ -100,7 +140,9 @@ class Session:
         self._publish_dir: str | None = None
         self._engine_watch: asyncio.Task[None] | None = None
         self._engine_failure: BaseException | None = None
-        self._rollouts = 0
+        self._rollouts = 0  # rollouts sampled so far; each one's seed derives from it (see rollout())
+        self._resume: tuple[Path, dict[str, Any]] | None = None  # (checkpoint, controller state), see start()
+        self.resumed_from: Path | None = None  # the checkpoint this session continued from
         self._closing = False
         self._closed = False
         self._failure: BaseException | None = None
@@ -111,22 +153,27 @@ class Session:
     # ------------------------------------------------------------------ start / close
     @classmethod
     async def start(cls, config: SessionConfig, *, progress: bool | None = None) -> Session:
-        """Start the train ranks and the inference engine; return when both serve weight version 0.
+        """Start the train ranks and the inference engine; return when both serve weight version 0, or, with
+        ``train.resume_from``, the checkpoint's version N (weights, optimizer, ranks' RNG states, version ledger,
+        data position and rollout seeds restored, the engine synced to the trainer and verified).
 
-        Raises ``ConfigError`` for a bad model path or data set (before any process starts, see
-        :func:`check_data`), ``TimeoutError`` when ranks do not connect within ``launch.start_timeout_s``,
-        ``RankProcessError`` when they exit during start-up (with their last output lines), ``RankError`` when a
-        rank raises, ``WeightMismatchError`` when the engine's initial weights differ from the trainer's.
+        Raises ``ConfigError`` for a bad model path, data set or ``train.resume_from`` checkpoint (before any
+        process starts, see :func:`check_data` and :func:`load_resume_state`), ``TimeoutError`` when ranks do not
+        connect within ``launch.start_timeout_s``, ``RankProcessError`` when they exit during start-up (with their
+        last output lines), ``RankError`` when a rank raises, ``WeightMismatchError`` when the engine's initial
+        weights differ from the trainer's (or a resumed trainer's from the checkpoint's recorded checksum).
         ``progress`` shows a bar over the start phases (``None``: in Jupyter only).
         """
         if not isinstance(config, SessionConfig):
             raise TypeError(f"Session.start needs a SessionConfig, got {type(config).__name__}")
         check_model_dir(config.model.path)
+        resume = await asyncio.to_thread(load_resume_state, config)
         dataset, tokenizer = await asyncio.to_thread(check_data, config)
         from rlsdk.observe.progress import START_PHASES, PhaseProgress
 
         session = cls(config)
         session._dataset, session.tokenizer = dataset, tokenizer
+        session._resume = resume
         session._phase = PhaseProgress(START_PHASES, desc="Session.start", enabled=progress)
         try:
             await session._start()
@@ -205,16 +252,20 @@ class Session:
             self.rank_info = await self._channel.wait_for_ranks(cfg.launch.num_ranks, cfg.launch.start_timeout_s)
             self._launcher.rank_pids = [info["pid"] for info in self.rank_info.values()]
             self._phase("initialising ranks")
-            results = await self._channel.broadcast(
-                "init", {"config": config_to_dict(cfg)}, timeout_s=cfg.launch.start_timeout_s
-            )
+            init: dict[str, Any] = {"config": config_to_dict(cfg)}
+            if self._resume is not None:
+                init["resume_from"] = str(self._resume[0])
+            results = await self._channel.broadcast("init", init, timeout_s=cfg.launch.start_timeout_s)
         finally:
             await engine_task
         trainer = results[0]
+        if self._resume is not None:
+            self._restore(self._resume[0], self._resume[1], trainer)
         self.versions.trainer_checksum = trainer["checksum"]
-        if cfg.inference.engine == "vllm":
+        if cfg.inference.engine == "vllm" or self._resume is not None:
             # The server's loader gives no checksum of what it loaded from the model directory, and an attached
-            # server may hold anything: publish the trainer's v0 and verify it like every later sync.
+            # server may hold anything: publish the trainer's v0 and verify it like every later sync. A resumed
+            # trainer is at the checkpoint's version, which the engine (loaded from model.path) is not.
             await self.sync_weights()
         else:
             engine_info = await self._engine().weight_info()
@@ -231,6 +282,38 @@ class Session:
             cfg.launch.num_ranks,
             cfg.inference.engine,
             self.output_dir,
+        )
+
+    def _restore(self, directory: Path, state: dict[str, Any], trainer: dict[str, Any]) -> None:
+        """The controller's half of a resume: version ledger, data position, step and rollout counters."""
+        ledger = VersionLedger.from_state_dict(state["ledger"])
+        if trainer["version"] != ledger.trainer_version:
+            raise VersionError(
+                f"checkpoint {directory}: the ranks resumed at v{trainer['version']}, "
+                f"its ledger.json records trainer v{ledger.trainer_version}"
+            )
+        self.versions = ledger
+        self.prompt_sampler.load_state_dict(state["data"])
+        counters = state["session"]
+        if counters is None:
+            # Checkpoints written before session.json: one rollout per step, as in the recipes' loop.
+            logger.warning(
+                "checkpoint %s has no session.json: assuming one rollout per step, so sampling seeds continue "
+                "from %d (exact only for one rollout per update)",
+                directory,
+                ledger.trainer_version,
+            )
+            counters = {"step": ledger.trainer_version, "rollouts": ledger.trainer_version}
+        self.step = int(counters["step"])
+        self._rollouts = int(counters["rollouts"])
+        self.resumed_from = directory
+        set_log_context(version=ledger.trainer_version)
+        logger.info(
+            "resuming from %s: trainer v%d, step %d, %d rollouts sampled",
+            directory,
+            ledger.trainer_version,
+            self.step,
+            self._rollouts,
         )
 
     async def _start_engine(self) -> None:
@@ -669,7 +752,9 @@ class Session:
 
     # ------------------------------------------------------------------ checkpoints and low-level calls
     async def save_checkpoint(self) -> Path:
-        """Write ``OUTPUT/checkpoints/step_N`` atomically (N = trainer version); keeps ``train.keep_checkpoints``."""
+        """Write ``OUTPUT/checkpoints/step_N`` atomically (N = trainer version); keeps ``train.keep_checkpoints``.
+
+        A new Session continues from it exactly with ``train.resume_from`` (the path, or 'latest')."""
         import json
 
         import yaml
@@ -687,6 +772,7 @@ class Session:
             "ledger.json": json.dumps(self.versions.state_dict(), indent=1),
             "config.yaml": yaml.safe_dump(config_to_dict(self.config), sort_keys=False),
             "data_state.json": json.dumps(self.prompt_sampler.state_dict()),
+            "session.json": json.dumps({"step": self.step, "rollouts": self._rollouts}),
         }
         final = await asyncio.to_thread(finalize_checkpoint, tmp, root / f"step_{version}", extra)
         await asyncio.to_thread(prune_checkpoints, root, self.config.train.keep_checkpoints)

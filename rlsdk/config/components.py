@@ -184,6 +184,12 @@ class TrainConfig:
             all-reduced) or 'fsdp2' (torch ``fully_shard`` per decoder layer and the root: parameters, gradients
             and optimizer state sharded over the ranks). Same update, same exported weights; 'fsdp2' trades
             all-gathers for memory.
+        resume_from: Continue a run from a checkpoint: the path of a ``step_N`` directory that
+            ``Session.save_checkpoint`` wrote, or 'latest' (the newest complete ``step_N`` under
+            ``observe.output_dir``/checkpoints); None (default) = start from ``model.path``. ``Session.start``
+            checks it before any process starts (ConfigError naming ``train.resume_from`` when the directory is
+            missing, has no manifest.json or a file does not match its manifest checksum); the run must have the
+            checkpoint's ``launch.num_ranks`` and ``train.parallelism``. See docs/howto/checkpoints.md.
     """
 
     lr: float = 1e-3
@@ -196,6 +202,7 @@ class TrainConfig:
     checkpoint_every: int = 0
     keep_checkpoints: int = 2
     parallelism: Literal["ddp", "fsdp2"] = "ddp"
+    resume_from: str | None = None
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -212,6 +219,12 @@ class TrainConfig:
         require(self, "max_steps", self.max_steps >= 1, "an int >= 1")
         require(self, "checkpoint_every", self.checkpoint_every >= 0, "an int >= 0 (0 = only at the end)")
         require(self, "keep_checkpoints", self.keep_checkpoints >= 1, "an int >= 1")
+        require(
+            self,
+            "resume_from",
+            self.resume_from is None or self.resume_from.strip() != "",
+            "None, 'latest' or the path of a step_N checkpoint directory",
+        )
 
 
 # What each AlgorithmConfig.name fixes. 'grpo' fixes nothing: it is the pre-preset behaviour, every field

@@ -79,10 +79,19 @@ class Worker:
 
         config = config_from_dict(SessionConfig, body["config"])
         logging.getLogger("rlsdk").setLevel(config.observe.log_level)
-        self.engine = TrainEngine(config, self.accelerator)
+        self.engine = TrainEngine(config, self.accelerator, resume_from=body.get("resume_from"))
         self.engine.on_progress = self.report_progress
         # Every rank calls it (a collective with train.parallelism 'fsdp2'); only rank 0 computes the checksum.
-        return self.engine.weight_info(with_checksum=self.rank == 0)
+        info = self.engine.weight_info(with_checksum=self.rank == 0)
+        expected = self.engine.resumed_checksum
+        if "checksum" in info and expected is not None and info["checksum"] != expected:
+            from rlsdk.versioning import WeightMismatchError
+
+            raise WeightMismatchError(
+                f"weights loaded from {body['resume_from']} have checksum {info['checksum'][:12]}, "
+                f"the checkpoint recorded {expected[:12]}"
+            )
+        return info
 
     def update(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._require_engine().update(

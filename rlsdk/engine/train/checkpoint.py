@@ -1,9 +1,10 @@
 """The canonical checkpoint layout and its atomic finalisation.
 
 ``OUTPUT/checkpoints/step_N/`` holds ``model/`` (a loadable transformers directory), ``trainer_state.pt``
-(optimizer, version), ``rng_rank{r}.pt`` per rank, ``ledger.json``, ``config.yaml`` and ``manifest.json``
-(SHA-256 of every file). Ranks write into ``step_N.tmp-*``; the controller fsyncs and renames it, so a
-``step_N`` directory is either complete or absent.
+(optimizer, version, weights checksum), ``rng_rank{r}.pt`` per rank, ``ledger.json``, ``config.yaml``,
+``data_state.json``, ``session.json`` (step and rollout counters) and ``manifest.json`` (SHA-256 of every file).
+Ranks write into ``step_N.tmp-*``; the controller fsyncs and renames it, so a ``step_N`` directory is either
+complete or absent. :func:`resolve_checkpoint` finds and verifies one to resume from (``train.resume_from``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,17 @@ def rng_state() -> dict[str, Any]:
     import numpy as np
 
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def load_rng_state(path: Path) -> None:
+    """Restore the python, numpy and torch (CPU) generators from a file :func:`rng_state` wrote."""
+    import numpy as np
+
+    # weights_only=False: numpy's state is an ndarray; the file was verified against the checkpoint's manifest.
+    state = torch.load(path, weights_only=False)
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
 
 
 def _sha256(path: Path) -> str:
@@ -79,11 +91,48 @@ def verify_checkpoint(directory: Path) -> None:
             raise ValueError(f"checkpoint {directory}: {name} does not match its manifest checksum")
 
 
+def complete_checkpoints(root: Path) -> list[Path]:
+    """The complete ``step_N`` directories under ``root``, oldest first (``step_N.tmp-*`` partials excluded)."""
+    if not root.is_dir():
+        return []
+    steps = (p for p in root.glob("step_*") if p.is_dir() and p.name[5:].isdigit())
+    return sorted(steps, key=lambda p: int(p.name[5:]))
+
+
+def resolve_checkpoint(resume_from: str, output_dir: Path) -> Path:
+    """The checkpoint directory ``train.resume_from`` names, verified against its manifest.
+
+    ``'latest'``: the newest complete ``step_N`` under ``output_dir/checkpoints``. Raises ``ConfigError`` naming
+    ``train.resume_from`` when there is none, the directory is missing, has no manifest.json, or a file is
+    missing or does not match its manifest checksum (every file is hashed: seconds per GB).
+    """
+    from rlsdk.config import ConfigError
+
+    field = "train.resume_from"
+    if resume_from == "latest":
+        root = output_dir / "checkpoints"
+        found = complete_checkpoints(root)
+        if not found:
+            raise ConfigError(field, resume_from, f"'latest' needs a complete step_N checkpoint under {root}")
+        directory = found[-1]
+    else:
+        directory = Path(resume_from).expanduser()
+    if not directory.is_dir():
+        raise ConfigError(field, resume_from, "an existing step_N checkpoint directory (or 'latest')")
+    if not (directory / "manifest.json").is_file():
+        raise ConfigError(
+            field, resume_from, "a complete checkpoint directory with manifest.json (a step_N, not a .tmp-*)"
+        )
+    try:
+        verify_checkpoint(directory)
+    except (ValueError, KeyError, json.JSONDecodeError) as exc:
+        raise ConfigError(field, resume_from, f"a checkpoint whose files match manifest.json ({exc})") from exc
+    return directory
+
+
 def prune_checkpoints(root: Path, keep: int) -> list[Path]:
     """Delete all but the newest ``keep`` complete ``step_N`` directories (and stale temporaries)."""
-    steps = sorted(
-        (p for p in root.glob("step_*") if p.is_dir() and p.name[5:].isdigit()), key=lambda p: int(p.name[5:])
-    )
+    steps = complete_checkpoints(root)
     removed = steps[:-keep] if keep > 0 else []
     removed += [p for p in root.glob("step_*.tmp-*") if p.is_dir()]
     for path in removed:

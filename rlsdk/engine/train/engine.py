@@ -42,17 +42,21 @@ _MAX_KEYS = ("logprob_absdiff_max", "ratio_max", "neg_ratio_min")
 class TrainEngine:
     """Model + AdamW on one rank; ``update`` takes this rank's shard of a batch and publishes version + 1."""
 
-    def __init__(self, config: SessionConfig, accelerator: Any) -> None:
+    def __init__(self, config: SessionConfig, accelerator: Any, *, resume_from: str | None = None) -> None:
+        """``resume_from``: a verified checkpoint directory (see :meth:`load_checkpoint`); None: ``model.path``
+        at version 0. The reference model (``algorithm.kl_coef`` > 0) always comes from ``model.path``."""
         from transformers import AutoModelForCausalLM
 
         self.config = config
         self.accelerator = accelerator
         self.version = 0
+        # The weights checksum the checkpoint recorded (None: not resumed, or an older checkpoint without one).
+        self.resumed_checksum: str | None = None
         # Called with (micro-batches done, micro-batches in the shard) after each one; None: no reporting.
         self.on_progress: Callable[[int, int], None] | None = None
         torch.manual_seed(config.seed)
         model = AutoModelForCausalLM.from_pretrained(
-            config.model.path,
+            config.model.path if resume_from is None else str(Path(resume_from) / "model"),
             dtype=_DTYPES[config.model.dtype],
             trust_remote_code=config.model.trust_remote_code,
         )
@@ -85,6 +89,8 @@ class TrainEngine:
             sum(p.numel() for p in model.parameters()),
             accelerator.distributed_type,
         )
+        if resume_from is not None:
+            self.load_checkpoint(resume_from)
 
     @property
     def unwrapped(self) -> torch.nn.Module:
@@ -362,9 +368,55 @@ class TrainEngine:
             state["optimizer_format"] = "fsdp2_full"
         elif is_writer:
             state["optimizer"] = self.optimizer.state_dict()
+            state["optimizer_format"] = "ddp"
         if is_writer:
+            state["checksum"] = state_dict_checksum(
+                model_state if model_state is not None else self.unwrapped.state_dict()
+            )
             self.unwrapped.save_pretrained(out / "model", state_dict=model_state, safe_serialization=True)
             torch.save(state, out / "trainer_state.pt")
             written += [str(p.relative_to(out)) for p in (out / "model").rglob("*") if p.is_file()]
             written.append("trainer_state.pt")
         return written
+
+    def load_checkpoint(self, directory: str) -> None:
+        """Continue from a checkpoint :meth:`save_checkpoint` wrote (the model weights are already loaded from
+        its ``model/``): the optimizer state, the version and this rank's RNG states (restored last, so that
+        nothing done while loading draws from them). Every rank calls it (a collective with 'fsdp2').
+
+        Raises ``ValueError`` when the checkpoint's optimizer format does not match ``train.parallelism`` or this
+        rank has no ``rng_rank{r}.pt`` (a checkpoint of another rank count).
+        """
+        from rlsdk.engine.train.checkpoint import load_rng_state
+
+        root = Path(directory)
+        rank = self.accelerator.process_index
+        rng_path = root / f"rng_rank{rank}.pt"
+        if not rng_path.is_file():
+            raise ValueError(f"checkpoint {root} has no {rng_path.name}: it was written by fewer ranks")
+        state = torch.load(root / "trainer_state.pt", map_location="cpu", weights_only=True)
+        # Checkpoints written before optimizer_format was recorded for 'ddp' have none.
+        found = state.get("optimizer_format", "ddp")
+        wanted = "fsdp2_full" if self.fsdp2 else "ddp"
+        if found != wanted:
+            raise ValueError(
+                f"checkpoint {root} holds a {found!r} optimizer state, train.parallelism "
+                f"{self.config.train.parallelism!r} needs {wanted!r}"
+            )
+        if self.fsdp2:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            # Every rank holds the full, name-keyed state and keeps its own shard of it.
+            set_optimizer_state_dict(
+                self.model,
+                self.optimizer,
+                optim_state_dict=state["optimizer"],
+                options=StateDictOptions(full_state_dict=True),
+            )
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        self.resumed_checksum = state.get("checksum")
+        set_log_context(version=self.version)
+        load_rng_state(rng_path)
+        logger.info("resumed from %s at version %d", root, self.version)
