@@ -38,6 +38,31 @@ def _resolve_token_id(value: int | list[int] | None) -> int | None:
     return None if value is None else int(value)
 
 
+def model_token_ids(path: str | Path) -> tuple[int, int]:
+    """``(pad_token_id, eos_token_id)`` of a model directory: from its ``generation_config.json``, else its
+    tokenizer; a missing pad id falls back to the eos id. Both engines resolve them here.
+
+    Raises:
+        ValueError: no eos id in the generation config or tokenizer.
+    """
+    from transformers import AutoTokenizer, GenerationConfig
+
+    path = Path(path)
+    eos: int | None = None
+    pad: int | None = None
+    if (path / "generation_config.json").is_file():
+        generation_config = GenerationConfig.from_pretrained(path)
+        eos = _resolve_token_id(generation_config.eos_token_id)
+        pad = _resolve_token_id(generation_config.pad_token_id)
+    if eos is None or pad is None:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        eos = eos if eos is not None else tokenizer.eos_token_id
+        pad = pad if pad is not None else tokenizer.pad_token_id
+    if eos is None:
+        raise ValueError(f"no eos_token_id in {path}'s generation_config.json or tokenizer")
+    return (eos if pad is None else pad), eos
+
+
 class EmbeddedEngine:
     """An :class:`~rlsdk.engine.inference.protocol.InferenceEngine` over an in-process transformers model.
 
@@ -108,26 +133,13 @@ class EmbeddedEngine:
         Raises:
             ValueError: unknown ``dtype``, or no eos id in the generation config or tokenizer.
         """
-        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+        from transformers import AutoModelForCausalLM
 
         if dtype not in _DTYPES:
             raise ValueError(f"dtype={dtype!r} is invalid: allowed {sorted(_DTYPES)}")
         path = Path(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
-        eos_token_id: int | None = None
-        pad_token_id: int | None = None
-        if (path / "generation_config.json").is_file():
-            generation_config = GenerationConfig.from_pretrained(path)
-            eos_token_id = _resolve_token_id(generation_config.eos_token_id)
-            pad_token_id = _resolve_token_id(generation_config.pad_token_id)
-        if eos_token_id is None or pad_token_id is None:
-            tokenizer = AutoTokenizer.from_pretrained(path)
-            eos_token_id = eos_token_id if eos_token_id is not None else tokenizer.eos_token_id
-            pad_token_id = pad_token_id if pad_token_id is not None else tokenizer.pad_token_id
-        if eos_token_id is None:
-            raise ValueError(f"no eos_token_id in {path}'s generation_config.json or tokenizer")
-        if pad_token_id is None:
-            pad_token_id = eos_token_id
+        pad_token_id, eos_token_id = model_token_ids(path)
         logger.info("embedded engine serving %s (dtype %s) as version %d", path, dtype, version)
         return cls(
             model,

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from rlsdk.engine.inference.embedded import model_token_ids
 from rlsdk.engine.inference.protocol import GenerateResult, SamplingParams, WeightInfo
 from rlsdk.engine.inference.sampling import _validate_params
 from rlsdk.engine.inference.vllm_server import SERVED_MODEL_NAME, InferenceServerError, VLLMServer
@@ -62,28 +63,6 @@ class WeightSyncError(RuntimeError):
         self.url = url
         self.cause = cause
         super().__init__(f"weight sync of v{version} to the vLLM server at {url} failed: {cause}")
-
-
-def model_token_ids(path: str | Path) -> tuple[int, int]:
-    """``(pad_token_id, eos_token_id)`` of a model directory, resolved as the embedded engine resolves them."""
-    from transformers import AutoTokenizer, GenerationConfig
-
-    from rlsdk.engine.inference.embedded import _resolve_token_id
-
-    path = Path(path)
-    eos: int | None = None
-    pad: int | None = None
-    if (path / "generation_config.json").is_file():
-        generation_config = GenerationConfig.from_pretrained(path)
-        eos = _resolve_token_id(generation_config.eos_token_id)
-        pad = _resolve_token_id(generation_config.pad_token_id)
-    if eos is None or pad is None:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        eos = eos if eos is not None else tokenizer.eos_token_id
-        pad = pad if pad is not None else tokenizer.pad_token_id
-    if eos is None:
-        raise ValueError(f"no eos_token_id in {path}'s generation_config.json or tokenizer")
-    return (eos if pad is None else pad), eos
 
 
 def check_cpu_head_size(path: str | Path) -> None:
