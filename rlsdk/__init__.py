@@ -37,6 +37,8 @@ _PUBLIC = {
     "WeightSyncError": "rlsdk.engine.inference.vllm",
     "CollectiveHangError": "rlsdk.debug.watchdog",
     "SessionClosedError": "rlsdk.session",
+    "RankProcessError": "rlsdk.launch.local",
+    "RankUnresponsiveError": "rlsdk.control.errors",
 }
 
 __all__ = sorted(_PUBLIC)
@@ -56,10 +58,12 @@ if TYPE_CHECKING:
         load_config,
     )
     from rlsdk.control.controller import RankError
+    from rlsdk.control.errors import RankUnresponsiveError
     from rlsdk.debug.watchdog import CollectiveHangError
     from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams
     from rlsdk.engine.inference.vllm import WeightSyncError
     from rlsdk.engine.inference.vllm_server import InferenceServerError
+    from rlsdk.launch.local import RankProcessError
     from rlsdk.rewards.apply import RewardError
     from rlsdk.session import Session, SessionClosedError
     from rlsdk.versioning import StaleRolloutError, VersionLedger, WeightMismatchError

@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import signal
 import tempfile
 import time
 import uuid
@@ -114,6 +115,14 @@ def load_resume_state(config: SessionConfig) -> tuple[Path, dict[str, Any]] | No
     return directory, state
 
 
+async def _check_before_start(config: SessionConfig) -> tuple[tuple[Path, dict[str, Any]] | None, Any, Any]:
+    """Everything :meth:`Session.start` checks before a process starts: model path, checkpoint, data set."""
+    check_model_dir(config.model.path)
+    resume = await asyncio.to_thread(load_resume_state, config)
+    dataset, tokenizer = await asyncio.to_thread(check_data, config)
+    return resume, dataset, tokenizer
+
+
 class Session:
     """A live RL session: background train ranks, an inference engine, and the version ledger.
 
@@ -129,6 +138,7 @@ class Session:
         self.engine: InferenceEngine | None = None
         self.tokenizer: Any = None
         self.workflow: RolloutWorkflow | None = None
+        self._default_workflow: RolloutWorkflow | None = None  # the one start() made; restart() keeps any other
         self.prompt_sampler: Any = None
         self._dataset: Any = None  # built by start() (check_data) before any process starts
         self.metrics: MetricsWriter | None = None
@@ -137,6 +147,7 @@ class Session:
         self._router: RankLogRouter | None = None
         self._log_handler: logging.Handler | None = None
         self._supervisor: asyncio.Task[None] | None = None
+        self._liveness: asyncio.Task[None] | None = None
         self._publish_dir: str | None = None
         self._engine_watch: asyncio.Task[None] | None = None
         self._engine_failure: BaseException | None = None
@@ -166,24 +177,56 @@ class Session:
         """
         if not isinstance(config, SessionConfig):
             raise TypeError(f"Session.start needs a SessionConfig, got {type(config).__name__}")
-        check_model_dir(config.model.path)
-        resume = await asyncio.to_thread(load_resume_state, config)
-        dataset, tokenizer = await asyncio.to_thread(check_data, config)
+        checked = await _check_before_start(config)
+        session = cls(config)
+        await session._start_checked(checked, progress=progress, desc="Session.start")
+        return session
+
+    async def _start_checked(
+        self, checked: tuple[tuple[Path, dict[str, Any]] | None, Any, Any], *, progress: bool | None, desc: str
+    ) -> None:
         from rlsdk.observe.progress import START_PHASES, PhaseProgress
 
-        session = cls(config)
-        session._dataset, session.tokenizer = dataset, tokenizer
-        session._resume = resume
-        session._phase = PhaseProgress(START_PHASES, desc="Session.start", enabled=progress)
+        self._resume, self._dataset, self.tokenizer = checked
+        self._phase = PhaseProgress(START_PHASES, desc=desc, enabled=progress)
         try:
-            await session._start()
+            await self._start()
         except BaseException:
-            await session.close()
+            await self.close()
             raise
         finally:
-            session._phase.close()
-            session._phase = lambda _phase: None
-        return session
+            self._phase.close()
+            self._phase = lambda _phase: None
+
+    async def restart(self, *, resume_from: str | None = "latest", progress: bool | None = None) -> Path | None:
+        """Stop every process of the run (failed, hung or healthy ranks, the inference server) and start new ones,
+        continuing from a checkpoint; the same Session object stays in use (notebook variables, the dashboard and a
+        custom ``workflow`` keep working). Returns the checkpoint resumed from (``None``: started over).
+
+        ``resume_from``: ``'latest'`` (the newest complete checkpoint under ``OUTPUT/checkpoints``), a ``step_N``
+        directory, or ``None`` to start over from ``model.path`` at version 0. Steps after that checkpoint are
+        lost; the weight version, data position and sampling seeds continue from it exactly.
+
+        Raises ``ConfigError`` naming ``train.resume_from`` when there is no such complete checkpoint, before
+        anything is stopped; then the errors of :meth:`start`.
+        """
+        config = dataclasses.replace(self.config, train=dataclasses.replace(self.config.train, resume_from=resume_from))
+        checked = await _check_before_start(config)
+        workflow = self.workflow if self.workflow is not self._default_workflow else None
+        logger.warning(
+            "restarting the session: stopping every process of the run%s",
+            "" if self._failure is None else f" after: {str(self._failure).splitlines()[0]}",
+        )
+        listeners = list(self._router._listeners) if self._router is not None else []  # e.g. a dashboard's
+        await self.close()
+        fresh = type(self)(config)
+        self.__dict__.update(fresh.__dict__)  # keep this object (and whoever holds it), with a new start's state
+        await self._start_checked(checked, progress=progress, desc="Session.restart")
+        for listener in listeners:
+            self._router.add_listener(listener)
+        if workflow is not None:
+            self.workflow = workflow
+        return self.resumed_from
 
     async def _start(self) -> None:
         from rlsdk.control.controller import ControllerChannel
@@ -251,6 +294,7 @@ class Session:
             self._phase("loading engine, ranks connecting")
             self.rank_info = await self._channel.wait_for_ranks(cfg.launch.num_ranks, cfg.launch.start_timeout_s)
             self._launcher.rank_pids = [info["pid"] for info in self.rank_info.values()]
+            self._liveness = asyncio.get_running_loop().create_task(self._watch_heartbeats())
             self._phase("initialising ranks")
             init: dict[str, Any] = {"config": config_to_dict(cfg)}
             if self._resume is not None:
@@ -334,7 +378,7 @@ class Session:
             top_p=cfg.rollout.top_p,
             top_k=cfg.rollout.top_k,
         )
-        self.workflow = SingleTurnWorkflow(self.tokenizer, params)
+        self.workflow = self._default_workflow = SingleTurnWorkflow(self.tokenizer, params)
         dataset = self._dataset
         if dataset is None:
             dataset = await asyncio.to_thread(build_prompt_dataset, cfg.data, seed=cfg.seed, tokenizer=self.tokenizer)
@@ -446,16 +490,122 @@ class Session:
         await self._launcher.wait()
         if self._closing:
             return
-        error = self._launcher.error()
+        await self._fail_run(self._launcher.error(rank_log_lines=self._rank_log_tail))
+
+    async def _watch_heartbeats(self) -> None:
+        """Fail the run when a rank sends no heartbeat for ``launch.heartbeat_timeout_s`` (stopped, hung holding
+        the GIL, swapped out): its peers would wait for it forever in their next collective."""
+        from rlsdk.control.errors import RankUnresponsiveError
+
+        cfg = self.config.launch
+        period = min(cfg.heartbeat_interval_s, 1.0)
+        loop = asyncio.get_running_loop()
+        while not self._closing and self._failure is None:
+            before = loop.time()
+            await asyncio.sleep(period)
+            if loop.time() - before > period + cfg.heartbeat_timeout_s / 2:
+                continue  # this event loop was blocked (a long synchronous cell): let queued heartbeats in first
+            current = self._channel.current_commands()
+            for rank, age in self._channel.heartbeat_ages().items():
+                if age > cfg.heartbeat_timeout_s:
+                    pid = self.rank_info.get(rank, {}).get("pid")
+                    error = RankUnresponsiveError(
+                        rank, pid, age, cfg.heartbeat_timeout_s, current.get(rank), self._rank_log_tail(rank)
+                    )
+                    await self._fail_run(error)
+                    return
+
+    def _rank_log_tail(self, rank: int, count: int = 20) -> list[str]:
+        """The last ``count`` log records rank ``rank`` shipped, as ``LEVEL message`` lines."""
+        if self._router is None:
+            return []
+        records = [r for r in self._router.recent_records() if r.get("rank") == rank]
+        return [f"{r.get('level')} {r.get('message')}" for r in records[-count:]]
+
+    async def _fail_run(self, error: BaseException) -> None:
+        """A fatal fault: remember it, fail every waiting call with it, and stop every process of the run at once
+        (SIGKILL: a failed run has nothing to flush). The Session stays usable through :meth:`restart`."""
+        if self._closing or self._failure is not None:
+            return
         self._failure = error
         logger.error("%s", error)
         self._channel.fail_pending(error)
+        hung = getattr(self._channel, "hung", None)
+        if hung is not None:
+            hung.task.cancel()
+            self._channel.hung = None
+        if self._launcher is not None:
+            for pid in self._launcher.rank_pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            await self._launcher.stop(grace_s=3.0)
+        if self._engine_watch is not None:
+            self._engine_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._engine_watch
+            self._engine_watch = None
+        if self.engine is not None:
+            with contextlib.suppress(Exception):
+                await self.engine.close()
+        logger.error("every process of the run was stopped; `await session.restart()` resumes from the last checkpoint")
+
+    async def _broadcast(
+        self, command: str, body: dict[str, Any] | list[dict[str, Any]] | None = None, *, timeout_s: float | None
+    ) -> list[Any]:
+        """``channel.broadcast``, failing the run when a rank raised while another is still inside the command."""
+        from rlsdk.control.errors import RankError
+
+        try:
+            return await self._channel.broadcast(command, body, timeout_s=timeout_s)
+        except RankError as exc:
+            await self._after_rank_error(exc)
+            if self._failure is not None and self._failure is not exc:
+                raise self._failure from exc  # the root cause (a rank died), not its peer's broken connection
+            raise
+
+    async def _after_rank_error(self, exc: Any) -> None:
+        """After rank ``exc.rank`` raised in ``exc.command``: if every rank left the command (all raised, or the
+        others finished) the ranks are still in step and the Session stays usable. A rank still inside it after
+        a grace period (3 s) is waiting for the failed one in a collective and never returns, and a rank that
+        does not answer at all has died: either way the run is failed and stopped, and the error says so."""
+        from rlsdk.control.protocol import CURRENT_QUERY
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 3.0
+        inside: list[int] = []
+        while self._failure is None:
+            try:  # the ranks' event threads answer even while their main thread is stuck in a collective
+                answers = await self._channel.query_events(CURRENT_QUERY, timeout_s=1.0)
+            except Exception:
+                return
+            inside = [
+                rank
+                for rank in range(self.config.launch.num_ranks)
+                if rank != exc.rank
+                and (rank not in answers or (isinstance(answers[rank], dict) and answers[rank].get("seq") == exc.seq))
+            ]
+            if not inside:
+                return
+            if loop.time() >= deadline:
+                break
+            await asyncio.sleep(0.1)
+        if self._failure is not None:
+            return
+        exc.add_note(
+            f"rank(s) {inside} were still inside {exc.command!r} (or not answering) 3 s later, waiting for rank "
+            f"{exc.rank} in a collective it will never join: every process of the run was stopped. "
+            "`await session.restart()` resumes from the last checkpoint."
+        )
+        await self._fail_run(exc)
 
     def _engine(self) -> InferenceEngine:
+        if self._failure is not None and not self._closed:
+            raise SessionClosedError(
+                f"the session's ranks failed: {self._failure}\n`await session.restart()` starts new processes and "
+                "resumes from the last checkpoint (or `restart(resume_from=None)` from the start)."
+            )
         if self._closed or self.engine is None:
             raise SessionClosedError("the session is closed; start a new one with Session.start(config)")
-        if self._failure is not None:
-            raise SessionClosedError(f"the session's ranks failed: {self._failure}")
         if self._engine_failure is not None:
             raise self._engine_failure
         return self.engine
@@ -476,6 +626,11 @@ class Session:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._launcher.proc.wait()), timeout=5.0)
             await self._launcher.stop()
+        for task in (self._liveness,):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         if self._supervisor is not None:
             self._supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -634,7 +789,7 @@ class Session:
             postfix=lambda: f"reward {reward_mean:.3f}, trainer v{trainer_version} -> v{trainer_version + 1}",
             enabled=progress,
         ):
-            results = await self._channel.broadcast("update", bodies, timeout_s=cfg.launch.command_timeout_s)
+            results = await self._broadcast("update", bodies, timeout_s=cfg.launch.command_timeout_s)
         versions = {int(r["version"]) for r in results}
         if len(versions) != 1:
             raise VersionError(f"ranks disagree on the trainer version after update: {sorted(versions)}")
@@ -728,7 +883,7 @@ class Session:
         """
         engine = self._engine()
         start = time.perf_counter()
-        results = await self._channel.broadcast(
+        results = await self._broadcast(
             "export_weights",
             {"publish_dir": self._publish_dir, "src": 0},
             timeout_s=self.config.launch.command_timeout_s,
@@ -766,7 +921,9 @@ class Session:
         root.mkdir(parents=True, exist_ok=True)
         version = self.versions.trainer_version
         tmp = root / f"step_{version}.tmp-{uuid.uuid4().hex[:8]}"
-        await self._channel.broadcast("save_checkpoint", {"directory": str(tmp)})
+        await self._broadcast(
+            "save_checkpoint", {"directory": str(tmp)}, timeout_s=self.config.launch.command_timeout_s
+        )
         await asyncio.to_thread(self.tokenizer.save_pretrained, str(tmp / "model"))
         extra = {
             "ledger.json": json.dumps(self.versions.state_dict(), indent=1),
@@ -782,7 +939,7 @@ class Session:
     async def call(self, command: str, body: dict[str, Any] | list[dict[str, Any]] | None = None) -> list[Any]:
         """Send a raw command to every rank and gather the results (index = rank). ``noop`` measures latency."""
         self._engine()
-        return await self._channel.broadcast(command, body, timeout_s=self.config.launch.command_timeout_s)
+        return await self._broadcast(command, body, timeout_s=self.config.launch.command_timeout_s)
 
     async def trace(self, *, timeout_s: float = 2.0) -> Any:
         """Every rank's collective trace and thread stacks, compared now: a ``TraceReport`` (``print`` it, or
@@ -839,6 +996,7 @@ class Session:
         trace = self.last_trace
         return {
             "closed": self._closed,
+            "failure": None if self._failure is None else str(self._failure).splitlines()[0],
             "ranks": {
                 rank: {
                     "pid": info.get("pid"),

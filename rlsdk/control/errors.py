@@ -65,6 +65,43 @@ class RankError(ControlError):
         )
 
 
+class RankUnresponsiveError(ControlError):
+    """A rank process stopped sending heartbeats (hung in C code, stopped, swapped out, or its event thread died).
+
+    The controller notices within ``launch.heartbeat_timeout_s``; the Session then stops every process of the run
+    (the other ranks would wait for it in their next collective) and can :meth:`~rlsdk.Session.restart`.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        pid: int | None,
+        silent_s: float,
+        timeout_s: float,
+        command: str | None,
+        last_lines: Sequence[str] = (),
+    ) -> None:
+        self.rank = rank
+        self.pid = pid
+        self.silent_s = silent_s
+        self.timeout_s = timeout_s
+        self.command = command
+        self.last_lines = list(last_lines)
+        doing = f"inside command {command!r}" if command else "idle"
+        tail = "\n".join(self.last_lines[-20:]) or "(no log lines)"
+        super().__init__(
+            f"train rank {rank} (pid {pid}) sent no heartbeat for {silent_s:.1f} s "
+            f"(launch.heartbeat_timeout_s = {timeout_s:g}); it was last {doing}. Last log lines of rank {rank}:\n"
+            f"{tail}"
+        )
+
+    def __reduce__(self) -> tuple[type[RankUnresponsiveError], tuple[object, ...]]:
+        return (
+            type(self),
+            (self.rank, self.pid, self.silent_s, self.timeout_s, self.command, self.last_lines),
+        )
+
+
 class CommandTimeoutError(ControlError, TimeoutError):
     """Not every rank answered a command in time; names the silent ranks and what they were last doing.
 

@@ -76,6 +76,8 @@ MAX_MESSAGE_BYTES = codec.MAX_PAYLOAD_BYTES + (1 << 20)
 # Generous on purpose: a notebook cell that runs synchronous code blocks the kernel's event loop, and with it
 # the controller's heartbeats; ranks must not kill themselves because a user ran a slow cell.
 DEFAULT_HEARTBEAT_TIMEOUT_S = 60.0
+# The event-thread query every rank answers with its current command: {"command": name or None, "seq": int or None}.
+CURRENT_QUERY = "current_command"
 
 KINDS = frozenset({"hello", "command", "result", "error", "log", "heartbeat", "shutdown", "query", "reply"})
 """Every message kind the protocol knows. ``query`` (controller -> a rank's event socket, header ``"query":

@@ -126,7 +126,7 @@ class RankChannel:
         self._last_controller_heartbeat = time.monotonic()
         self._controller_lost = False
         self._unsent_logs: list[dict[str, Any]] = []
-        self._query_handlers: dict[str, Callable[[Any], Any]] = {}
+        self._query_handlers: dict[str, Callable[[Any], Any]] = {protocol.CURRENT_QUERY: self._current_command}
         self.dropped_messages = 0
         """Incoming messages dropped: bad signature, wrong session or rank, malformed or replayed."""
         self.dropped_logs = 0
@@ -472,6 +472,10 @@ class RankChannel:
                 self._drop(f"unexpected {message.kind!r} message for rank {message.rank} on the event socket")
                 continue
             self._last_controller_heartbeat = time.monotonic()
+
+    def _current_command(self, _body: Any) -> dict[str, Any]:
+        command, seq = self._current
+        return {"command": command, "seq": seq}
 
     def set_query_handler(self, name: str, handler: Callable[[Any], Any]) -> None:
         """Answer the controller's ``query`` messages named ``name`` with ``handler(body)`` (encodable by

@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import sys
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from rlsdk.launch.output import pump_lines
@@ -23,17 +24,51 @@ logger = get_logger(__name__)
 
 
 class RankProcessError(RuntimeError):
-    """The rank processes exited while the Session expected them to run."""
+    """The rank processes exited while the Session expected them to run.
 
-    def __init__(self, returncode: int | None, last_lines: Iterable[str]) -> None:
+    ``returncode`` and ``last_lines`` are the launcher's (``accelerate launch``). When its failure summary names
+    the rank that failed first (torchelastic's "Root Cause" block), ``failed_rank``, ``rank_returncode`` (negative:
+    killed by that signal) and ``rank_pid`` say which, and ``rank_log_lines`` holds that rank's last log lines.
+    """
+
+    def __init__(
+        self, returncode: int | None, last_lines: Iterable[str], *, rank_log_lines: Iterable[str] = ()
+    ) -> None:
         self.returncode = returncode
         self.last_lines = list(last_lines)
-        if returncode is not None and returncode < 0:
-            how = f"killed by signal {signal.Signals(-returncode).name}"
-        else:
-            how = f"exit code {returncode}"
+        self.rank_log_lines = list(rank_log_lines)
+        self.failed_rank, self.rank_returncode, self.rank_pid = root_cause(self.last_lines)
         tail = "\n".join(self.last_lines[-20:]) or "(no output)"
-        super().__init__(f"train ranks (accelerate launch) exited: {how}. Last output lines:\n{tail}")
+        text = f"train ranks (accelerate launch) exited: {_how(returncode)}."
+        if self.failed_rank is not None:
+            text = (
+                f"train rank {self.failed_rank} (pid {self.rank_pid}) {_how(self.rank_returncode)}; accelerate "
+                f"launch stopped the other ranks and exited: {_how(returncode)}."
+            )
+            if self.rank_log_lines:
+                text += f"\nLast log lines of rank {self.failed_rank}:\n" + "\n".join(self.rank_log_lines[-20:])
+        super().__init__(f"{text}\nLast output lines:\n{tail}")
+
+
+def _how(returncode: int | None) -> str:
+    if returncode is not None and returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by signal {signal.Signals(-returncode).name}"
+        return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+_ROOT_CAUSE = re.compile(
+    r"Root Cause.*?rank\s*:\s*(?P<rank>\d+).*?exitcode\s*:\s*(?P<code>-?\d+)\s*\(pid:\s*(?P<pid>\d+)\)", re.S
+)
+
+
+def root_cause(lines: Sequence[str]) -> tuple[int | None, int | None, int | None]:
+    """``(rank, exit code, pid)`` of the first failed rank in torchelastic's failure summary; Nones if absent."""
+    match = _ROOT_CAUSE.search("\n".join(lines))
+    if match is None:
+        return None, None, None
+    return int(match["rank"]), int(match["code"]), int(match["pid"])
 
 
 def accelerate_command(num_ranks: int, module: str = "rlsdk.worker") -> list[str]:
@@ -103,8 +138,11 @@ class LocalLauncher:
             await asyncio.wait_for(asyncio.shield(self._reader), timeout=2.0)
         return code
 
-    def error(self) -> RankProcessError:
-        return RankProcessError(self.proc.returncode, self.last_lines)
+    def error(self, rank_log_lines: Callable[[int], Iterable[str]] | None = None) -> RankProcessError:
+        """The launcher's exit as an error; ``rank_log_lines(rank)`` adds the failed rank's last log lines."""
+        failed, _, _ = root_cause(list(self.last_lines))
+        lines = rank_log_lines(failed) if rank_log_lines is not None and failed is not None else ()
+        return RankProcessError(self.proc.returncode, self.last_lines, rank_log_lines=lines)
 
     async def stop(self, grace_s: float = 10.0) -> int | None:
         """SIGTERM the launcher's process group (torchrun then stops its ranks), SIGKILL after ``grace_s``.

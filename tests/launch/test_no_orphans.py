@@ -1,7 +1,9 @@
-"""SIGKILL of the controller (a dying kernel) must take every rank with it."""
+"""SIGKILL of the controller (a dying kernel) must take every rank with it; a new Session then resumes the run."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -14,7 +16,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from rlsdk import Session
 from rlsdk.config import SessionConfig, config_to_dict
+from rlsdk.rewards import reverse_reward
 
 pytestmark = pytest.mark.distributed
 
@@ -23,10 +27,14 @@ CONTROLLER = textwrap.dedent(
     import asyncio, json, sys
     from rlsdk import Session
     from rlsdk.config import SessionConfig, config_from_dict
+    from rlsdk.rewards import reverse_reward
 
     async def main():
         config = config_from_dict(SessionConfig, json.loads(sys.argv[1]))
         session = await Session.start(config)
+        await session.update(await session.reward(await session.rollout(), reverse_reward))
+        await session.sync_weights()
+        await session.save_checkpoint()
         pids = [info["pid"] for info in session.rank_info.values()]
         print(json.dumps({"ranks": pids, "launcher": session._launcher.proc.pid}), flush=True)
         await asyncio.sleep(600)
@@ -43,7 +51,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_sigkill_of_controller_leaves_no_rank_alive_after_10_seconds(
+def test_sigkill_of_controller_leaves_no_rank_alive_after_10_seconds_and_a_new_session_resumes(
     small_config: SessionConfig, tmp_path: Path
 ) -> None:
     controller = subprocess.Popen(
@@ -59,17 +67,33 @@ def test_sigkill_of_controller_leaves_no_rank_alive_after_10_seconds(
         children = pids["ranks"] + [pids["launcher"]]
         assert all(_alive(pid) for pid in children)
 
+        killed = time.monotonic()
         os.kill(controller.pid, signal.SIGKILL)
         controller.wait(timeout=10)
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline and any(_alive(pid) for pid in children):
-            time.sleep(0.2)
+        first_exit = None
+        while time.monotonic() - killed < 10.0 and any(_alive(pid) for pid in children):
+            if first_exit is None and not all(_alive(pid) for pid in children):
+                first_exit = time.monotonic() - killed
+            time.sleep(0.05)
 
         survivors = [pid for pid in children if _alive(pid)]
         assert survivors == [], f"processes outlived the controller: {survivors}"
+        assert first_exit is None or first_exit < 5.0, f"the ranks noticed the dead controller after {first_exit} s"
     finally:
         if controller.poll() is None:
             controller.kill()
         for pid in locals().get("children", []):
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+    resumed = dataclasses.replace(small_config, train=dataclasses.replace(small_config.train, resume_from="latest"))
+
+    async def restart() -> tuple[str, int, int]:
+        async with await Session.start(resumed) as session:
+            start_version = session.versions.trainer_version
+            await session.update(await session.reward(await session.rollout(), reverse_reward))
+            return session.resumed_from.name, start_version, session.versions.trainer_version
+
+    name, start_version, version = asyncio.run(restart())
+
+    assert (name, start_version, version) == ("step_1", 1, 2)

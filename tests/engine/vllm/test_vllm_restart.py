@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from typing import Any
 
 import psutil
@@ -53,3 +54,43 @@ def _pgid(pid: int) -> int | None:
         return os.getpgid(pid)
     except (ProcessLookupError, PermissionError):
         return None
+
+
+def test_vllm_server_killed_mid_rollout_is_reported_within_5s_and_session_restart_resumes_from_the_checkpoint(
+    vllm_session: LoopSession,
+) -> None:
+    session = vllm_session.session
+
+    async def scenario() -> dict[str, Any]:
+        out: dict[str, Any] = {"checkpoint": await session.save_checkpoint()}
+        server = session.engine.server
+        out["old_group"] = server.pid
+        loop = asyncio.get_running_loop()
+        killed: list[float] = []
+        loop.call_later(0.3, lambda: (os.kill(server.pid, signal.SIGKILL), killed.append(time.monotonic())))
+        with pytest.raises(InferenceServerError) as info:
+            for _ in range(1000):  # back-to-back rollouts: the kill lands while requests are in flight
+                await session.rollout()
+        out["detect_s"] = time.monotonic() - killed[0]
+        out["error"] = info.value
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and _group_alive(out["old_group"]):
+            await asyncio.sleep(0.1)
+        out["group_alive"] = _group_alive(out["old_group"])
+        out["resumed_from"] = await session.restart()
+        out["version"] = session.versions.trainer_version
+        out["rollout_versions"] = (await session.rollout()).versions
+        return out
+
+    out = vllm_session.run(scenario())
+
+    assert out["detect_s"] < 5.0
+    assert "SIGKILL" in str(out["error"]) or "exit code" in str(out["error"])
+    assert not out["group_alive"]
+    assert out["resumed_from"] == out["checkpoint"]
+    assert out["version"] == int(out["checkpoint"].name.removeprefix("step_"))
+    assert out["rollout_versions"] == [out["version"]]
+
+
+def _group_alive(pgid: int) -> bool:
+    return any(_pgid(p.info["pid"]) == pgid for p in psutil.process_iter(["pid"]))
