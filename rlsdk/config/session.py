@@ -33,6 +33,10 @@ class SessionConfig:
         observe: Logs, metrics and artifacts.
         seed: Seed for data order, sampling and initialisation, >= 0.
         run_name: Name of the run, shown in logs and metrics.
+
+    Across sections: ``launch.num_ranks`` <= ``data.prompts_per_step`` x ``rollout.group_size`` (every rank
+    trains on at least one sample per step); an 'rloo' advantage needs ``rollout.group_size`` >= 2;
+    ``inference.engine='vllm'`` needs ``model.dtype='float32'``.
     """
 
     model: ModelConfig
@@ -67,4 +71,14 @@ class SessionConfig:
                 self.rollout.group_size,
                 f"an int >= 2 when algorithm.advantage is 'rloo' (algorithm.name={self.algorithm.name!r}): the "
                 "leave-one-out baseline needs another sample of the same prompt",
+            )
+        samples = self.data.prompts_per_step * self.rollout.group_size
+        if samples < self.launch.num_ranks:
+            # Session.update splits a step's samples equally over the ranks; with fewer samples than ranks the
+            # first update would fail only after every process had started.
+            raise ConfigError(
+                "launch.num_ranks",
+                self.launch.num_ranks,
+                f"at most data.prompts_per_step x rollout.group_size = {self.data.prompts_per_step} x "
+                f"{self.rollout.group_size} = {samples} (each rank trains on at least one sample per step)",
             )

@@ -83,10 +83,11 @@ def load_prompt_dataset(path: str | Path, *, prompt_column: str = "prompt", spli
             raise ConfigError("data.path", str(path), f"a readable {source.suffix} file ({exc})") from exc
     else:
         raise ConfigError("data.path", str(path), f"{SUPPORTED_TEXT} (got suffix {source.suffix!r})")
+    # Rows first: a file of blank lines has no columns either, and "no column 'prompt'" would mislead.
+    if len(dataset) == 0:
+        raise ConfigError("data.path", str(path), "a data set with at least one row")
     if prompt_column not in dataset.column_names:
         raise ConfigError(
             "data.prompt_column", prompt_column, f"one of the columns found in {path}: {dataset.column_names}"
         )
-    if len(dataset) == 0:
-        raise ConfigError("data.path", str(path), "a data set with at least one row")
     return dataset
