@@ -231,7 +231,8 @@ class Session:
     async def _start(self) -> None:
         from rlsdk.control.controller import ControllerChannel
         from rlsdk.control.protocol import new_session_secret
-        from rlsdk.launch.local import LocalLauncher, rank_environment
+        from rlsdk.launch.local import rank_environment
+        from rlsdk.launch.select import start_launcher
 
         cfg = self.config
         t0 = time.perf_counter()
@@ -285,7 +286,7 @@ class Session:
             },
         )
         self._phase("launching ranks")
-        self._launcher = await LocalLauncher.start(cfg.launch.num_ranks, env, on_line=self._launcher_line)
+        self._launcher = await start_launcher(cfg.launch, env, output_dir=self.output_dir, on_line=self._launcher_line)
         self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
 
         # The engine loads while the ranks import torch and form their process group.

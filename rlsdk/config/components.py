@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -68,6 +69,34 @@ class LaunchConfig:
             until pg_timeout_s or close()) or 'wait' (log the report and keep waiting).
         pg_timeout_s: The ranks' process-group timeout in seconds: a collective stuck this long raises a
             catchable error on its rank; None = torch's default (30 min), else > 0.
+        scheduler: Where the ranks run (see docs/howto/scaling.md): 'local' (``accelerate launch`` on this
+            machine, the default), 'slurm' (an sbatch allocation of num_nodes nodes, one ``accelerate launch``
+            per node through srun) or 'ray' (placement groups on an existing Ray cluster; the ``ray`` extra).
+        num_nodes: Machines the ranks span, 1..64; 'local' needs 1.
+        ranks_per_node: Train ranks per node; None = num_ranks / num_nodes (which must be whole); else
+            num_nodes x ranks_per_node must equal num_ranks.
+        data_parallel_size: Data-parallel (shard) size of the device mesh; None = num_ranks /
+            (tensor_parallel_size x context_parallel_size); data x context x tensor must equal num_ranks.
+        tensor_parallel_size: Tensor-parallel axis of the device mesh, >= 1. Only 1 runs today (the train
+            engine implements data parallelism only); larger values are checked but refused at start.
+        context_parallel_size: Context-parallel axis of the device mesh, >= 1; only 1 runs today (as above).
+        inference_replicas: vLLM server replicas (data parallel), 1..64; the slurm and ray schedulers place
+            each on its own node(s).
+        inference_tensor_parallel_size: GPUs per vLLM replica (vLLM's --tensor-parallel-size), >= 1; at most
+            gpus_per_node when that is > 0.
+        gpus_per_node: GPUs per node requested from the scheduler (``--gpus-per-node``); 0 = CPU only.
+        main_process_port: Rendezvous port of the node running machine rank 0, 1..65535; None = a free port
+            chosen on the controller when the job is submitted ('local': chosen by accelerate).
+        slurm_partition: sbatch --partition; None = the cluster's default.
+        slurm_account: sbatch --account; None = the user's default.
+        slurm_time: sbatch --time, in a Slurm time format ('MM', 'MM:SS', 'HH:MM:SS', 'D-HH', 'D-HH:MM',
+            'D-HH:MM:SS').
+        slurm_cpus_per_task: sbatch --cpus-per-task (one task per node); None = threads_per_rank x
+            ranks_per_node.
+        ray_address: ray.init address of the existing cluster ('auto', 'ray://HOST:PORT', ...); None = 'auto'.
+        simulate_nodes_on_loopback: Allow scheduler 'slurm' or 'ray' with a loopback host: every "node" is a
+            process group on this machine (the fake Slurm of the tests, a local Ray instance). Without it those
+            schedulers need a host the compute nodes can reach (a non-loopback host and allow_remote=True).
     """
 
     num_ranks: int = 2
@@ -83,10 +112,29 @@ class LaunchConfig:
     hang_timeout_s: float | None = 30.0
     hang_policy: Literal["raise", "wait"] = "raise"
     pg_timeout_s: float | None = None
+    # Cluster topology (docs/howto/scaling.md); appended so positional construction of the fields above keeps
+    # working. The defaults are the single-machine behaviour.
+    scheduler: Literal["local", "slurm", "ray"] = "local"
+    num_nodes: int = 1
+    ranks_per_node: int | None = None
+    data_parallel_size: int | None = None
+    tensor_parallel_size: int = 1
+    context_parallel_size: int = 1
+    inference_replicas: int = 1
+    inference_tensor_parallel_size: int = 1
+    gpus_per_node: int = 0
+    main_process_port: int | None = None
+    slurm_partition: str | None = None
+    slurm_account: str | None = None
+    slurm_time: str = "01:00:00"
+    slurm_cpus_per_task: int | None = None
+    ray_address: str | None = None
+    simulate_nodes_on_loopback: bool = False
 
     def __post_init__(self) -> None:
         check_types(self)
         require(self, "num_ranks", 1 <= self.num_ranks <= 64, "an int in [1, 64]")
+        self._check_topology()
         require(self, "hang_timeout_s", self.hang_timeout_s is None or self.hang_timeout_s > 0, "None or a float > 0")
         require(self, "pg_timeout_s", self.pg_timeout_s is None or self.pg_timeout_s > 0, "None or a float > 0")
         require(self, "threads_per_rank", self.threads_per_rank >= 1, "an int >= 1")
@@ -110,6 +158,97 @@ class LaunchConfig:
             "host",
             self.allow_remote or _is_loopback(self.host),
             "a loopback address (127.x.x.x, ::1, localhost) unless allow_remote=True",
+        )
+        require(
+            self,
+            "host",
+            self.scheduler == "local" or not _is_loopback(self.host) or self.simulate_nodes_on_loopback,
+            f"an address the compute nodes can reach (with allow_remote=True) when scheduler={self.scheduler!r} "
+            "(its ranks run on other machines); a loopback host only with simulate_nodes_on_loopback=True "
+            "(every node a process on this machine)",
+        )
+
+    def _check_topology(self) -> None:
+        require(self, "num_nodes", 1 <= self.num_nodes <= 64, "an int in [1, 64]")
+        require(
+            self,
+            "num_nodes",
+            self.scheduler != "local" or self.num_nodes == 1,
+            "1 with scheduler='local' (every rank on this machine); use scheduler='slurm' or 'ray' for more",
+        )
+        if self.ranks_per_node is None:
+            require(
+                self,
+                "num_nodes",
+                self.num_ranks % self.num_nodes == 0,
+                f"a divisor of num_ranks: num_ranks / num_nodes = {self.num_ranks} / {self.num_nodes} is not a "
+                "whole number of ranks per node",
+            )
+        else:
+            require(self, "ranks_per_node", self.ranks_per_node >= 1, "None or an int >= 1")
+            require(
+                self,
+                "ranks_per_node",
+                self.num_nodes * self.ranks_per_node == self.num_ranks,
+                f"an int with num_nodes x ranks_per_node = num_ranks: num_nodes x ranks_per_node = "
+                f"{self.num_nodes} x {self.ranks_per_node} "
+                f"= {self.num_nodes * self.ranks_per_node}, but num_ranks = {self.num_ranks}",
+            )
+        require(self, "tensor_parallel_size", self.tensor_parallel_size >= 1, "an int >= 1")
+        require(self, "context_parallel_size", self.context_parallel_size >= 1, "an int >= 1")
+        tp_cp = self.tensor_parallel_size * self.context_parallel_size
+        if self.data_parallel_size is None:
+            require(
+                self,
+                "tensor_parallel_size",
+                self.num_ranks % tp_cp == 0,
+                f"sizes whose product divides num_ranks: tensor_parallel_size x context_parallel_size = "
+                f"{self.tensor_parallel_size} x {self.context_parallel_size} = {tp_cp} does not divide "
+                f"num_ranks = {self.num_ranks}",
+            )
+        else:
+            require(self, "data_parallel_size", self.data_parallel_size >= 1, "None or an int >= 1")
+            product = self.data_parallel_size * tp_cp
+            require(
+                self,
+                "data_parallel_size",
+                product == self.num_ranks,
+                f"an int with data x context x tensor parallel sizes = num_ranks: data_parallel_size x "
+                f"context_parallel_size x tensor_parallel_size = {self.data_parallel_size} x "
+                f"{self.context_parallel_size} x {self.tensor_parallel_size} = {product}, but num_ranks "
+                f"= {self.num_ranks}",
+            )
+        require(self, "inference_replicas", 1 <= self.inference_replicas <= 64, "an int in [1, 64]")
+        require(self, "gpus_per_node", self.gpus_per_node >= 0, "an int >= 0 (0 = CPU only)")
+        require(
+            self,
+            "inference_tensor_parallel_size",
+            self.inference_tensor_parallel_size >= 1
+            and (self.gpus_per_node == 0 or self.inference_tensor_parallel_size <= self.gpus_per_node),
+            f"an int >= 1, at most gpus_per_node (= {self.gpus_per_node}) when that is > 0",
+        )
+        require(
+            self,
+            "main_process_port",
+            self.main_process_port is None or 1 <= self.main_process_port <= 65535,
+            "None (a free port chosen at submit time) or an int in [1, 65535]",
+        )
+        for name in ("slurm_partition", "slurm_account", "ray_address"):
+            value = getattr(self, name)
+            ok = value is None or (value.strip() != "" and " " not in value)
+            require(self, name, ok, "None or a non-empty name without spaces")
+        require(
+            self,
+            "slurm_time",
+            re.fullmatch(r"\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}", self.slurm_time)
+            is not None,
+            "a Slurm time: 'MM', 'MM:SS', 'HH:MM:SS', 'D-HH', 'D-HH:MM' or 'D-HH:MM:SS'",
+        )
+        require(
+            self,
+            "slurm_cpus_per_task",
+            self.slurm_cpus_per_task is None or self.slurm_cpus_per_task >= 1,
+            "None or an int >= 1",
         )
 
 
