@@ -148,6 +148,9 @@ class Session:
         self._log_handler: logging.Handler | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._liveness: asyncio.Task[None] | None = None
+        self._pad_token_id: int | None = None  # the model's, for joining rollouts (dynamic sampling)
+        self._prefetch: asyncio.Task[Rollout] | None = None  # rollout.mode='async': the batch being generated
+        self._prefetch_state: tuple[dict[str, Any], int] | None = None  # (data position, rollouts) before it
         self._publish_dir: str | None = None
         self._engine_watch: asyncio.Task[None] | None = None
         self._engine_failure: BaseException | None = None
@@ -531,6 +534,7 @@ class Session:
         self._failure = error
         logger.error("%s", error)
         self._channel.fail_pending(error)
+        await self._stop_prefetch()
         hung = getattr(self._channel, "hung", None)
         if hung is not None:
             hung.task.cancel()
@@ -616,6 +620,7 @@ class Session:
         if self._closed:
             return
         self._closing = True
+        await self._stop_prefetch()
         hung = getattr(self._channel, "hung", None)
         if hung is not None:  # terminating a hung command: its ranks are shut down below
             hung.task.cancel()
@@ -676,18 +681,50 @@ class Session:
         batch from a ``datasets.Dataset``, or ``None`` for the next batch of the configured data set.
         ``progress``: a bar over the samples with the served version once the call outlasts a second (``None``:
         in Jupyter only).
+
+        With ``rollout.mode='async'`` and ``prompts=None``, the batch was generated in the background since the
+        previous call (while the ranks trained, so one version behind; a sync during it gives its later tokens
+        the new version), and the next batch starts generating before this call returns. Explicit ``prompts``
+        are always generated then and there.
         """
+        engine = self._engine()
+        if self.config.rollout.mode == "async" and prompts is None:
+            if self._prefetch is None:
+                self._start_prefetch(engine, progress=progress)
+            assert self._prefetch is not None
+            task, self._prefetch, self._prefetch_state = self._prefetch, None, None
+            rollout = await task
+            self._start_prefetch(engine, progress=False)
+            return rollout
+        rows = self.next_prompts() if prompts is None else normalize_rows(prompts)
+        return await self._generate(engine, rows, progress=progress)
+
+    def _start_prefetch(self, engine: InferenceEngine, *, progress: bool | None) -> None:
+        """Start generating the next batch in the background (async mode). Remembers the data position and the
+        rollout counter from before it, which a checkpoint records (the batch is regenerated on resume)."""
+        self._prefetch_state = (self.prompt_sampler.state_dict(), self._rollouts)
+        rows = self.next_prompts()
+        self._prefetch = asyncio.get_running_loop().create_task(self._generate(engine, rows, progress=progress))
+
+    async def _stop_prefetch(self) -> None:
+        task, self._prefetch = self._prefetch, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _generate(self, engine: InferenceEngine, rows: list[dict[str, Any]], *, progress: bool | None) -> Rollout:
         from rlsdk.observe.progress import CallProgress
 
-        engine = self._engine()
-        rows = self.next_prompts() if prompts is None else normalize_rows(prompts)
         if not rows:
             raise ValueError("rollout needs at least one prompt; got an empty prompt list")
         assert self.workflow is not None
         start = time.perf_counter()
         # One seed per rollout, derived from the session seed: the same config replays the same samples.
         seed = (self.config.seed * 1_000_003 + self._rollouts) % (1 << 62)
+        self._rollouts += 1
         group_size = self.config.rollout.group_size
+        trainer_version = self.versions.trainer_version
         with CallProgress(
             "rollout",
             total=len(rows) * group_size,
@@ -696,9 +733,8 @@ class Session:
             enabled=progress,
         ):
             rollout = await self.workflow.arun_batch(engine, rows, group_size, seed=seed)
-        self._rollouts += 1
         rollout.info["seconds"] = time.perf_counter() - start
-        rollout.info["trainer_version"] = self.versions.trainer_version
+        rollout.info["trainer_version"] = trainer_version
         return rollout
 
     async def reward(self, rollout: Rollout, reward_fn: RewardFn, *, timeout_s: float | None = None) -> Rollout:
@@ -710,11 +746,48 @@ class Session:
         Raises ``RewardError`` naming the function when it raises, times out, or returns the wrong number of
         values or a non-finite value; the input rollout is left untouched.
         """
-        self._engine()
+        engine = self._engine()
+        rewarded = await self._reward(rollout, reward_fn, timeout_s)
+        if not self.config.rollout.dynamic_sampling:
+            return rewarded
+        return await self._fill_informative(engine, rewarded, reward_fn, timeout_s)
+
+    async def _reward(self, rollout: Rollout, reward_fn: RewardFn, timeout_s: float | None) -> Rollout:
         rewards_B, components = await compute_reward_breakdown(rollout, reward_fn, timeout_s=timeout_s)
         if not components:
             return rollout.with_rewards(rewards_B)
         return dataclasses.replace(rollout, rewards_B=rewards_B, info={**rollout.info, "reward_components": components})
+
+    async def _fill_informative(
+        self, engine: InferenceEngine, rewarded: Rollout, reward_fn: RewardFn, timeout_s: float | None
+    ) -> Rollout:
+        """DAPO's dynamic sampling (``rollout.dynamic_sampling``): keep the groups whose rewards differ, and
+        generate and reward groups of new prompts (the next data-set rows; the rest of each refill batch is
+        skipped) until the batch is full again or ``rollout.max_sampling_rounds`` rounds ran."""
+        from rlsdk.engine.inference.embedded import model_token_ids
+        from rlsdk.workflow.dynamic_sampling import fill_informative_groups
+
+        first: list[Rollout] = [rewarded]
+
+        async def sample(groups: int) -> Rollout:
+            if first:
+                return first.pop()
+            rows = self.next_prompts()[:groups]
+            return await self._reward(await self._generate(engine, rows, progress=False), reward_fn, timeout_s)
+
+        if self._pad_token_id is None:
+            self._pad_token_id = (await asyncio.to_thread(model_token_ids, self.config.model.path))[0]
+        rollout, stats = await fill_informative_groups(
+            sample,
+            len(rewarded.rows),
+            max_rounds=self.config.rollout.max_sampling_rounds,
+            pad_token_id=self._pad_token_id,
+        )
+        parts = rollout.info.get("parts") or [rewarded.info]
+        rollout.info["seconds"] = sum(float(part.get("seconds", 0.0)) for part in parts)
+        rollout.info["trainer_version"] = rewarded.info.get("trainer_version")
+        rollout.info["dynamic_sampling"] = stats
+        return rollout
 
     async def update(self, rollout: Rollout, *, progress: bool | None = None) -> dict[str, float]:
         """Train on ``rollout`` (one optimizer step on every rank); the trainer publishes version + 1.
@@ -740,8 +813,7 @@ class Session:
             cfg.rollout.stale_policy,
         )
         # Over the whole rollout, stale samples included: the group and batch statistics see every sample.
-        # TODO(algorithms): DAPO's dynamic sampling (drop groups whose rewards are all equal, refill) belongs
-        # in the workflow, before this point.
+        # (DAPO's dynamic sampling already ran in reward(), see rollout.dynamic_sampling.)
         advantages_B = compute_advantages(
             rollout.rewards_B,
             rollout.group_size,
@@ -839,6 +911,7 @@ class Session:
             "version/trainer": float(self.versions.trainer_version),
             "version/engine": float(self.versions.engine_version),
             "version/behaviour_min": float(rollout.behaviour_versions_B.min()),
+            **{k: float(v) for k, v in rollout.info.get("dynamic_sampling", {}).items()},
         }
         if self.metrics is not None:
             self.metrics.log(self.step, stats)
@@ -921,6 +994,12 @@ class Session:
         root = self.output_dir / "checkpoints"
         root.mkdir(parents=True, exist_ok=True)
         version = self.versions.trainer_version
+        # A batch generating in the background (async mode) is not part of the run yet: record the data position
+        # and rollout count from before it, so a resume generates it again (from the checkpoint's weights).
+        if self._prefetch_state is not None:
+            data_state, rollouts = self._prefetch_state
+        else:
+            data_state, rollouts = self.prompt_sampler.state_dict(), self._rollouts
         tmp = root / f"step_{version}.tmp-{uuid.uuid4().hex[:8]}"
         await self._broadcast(
             "save_checkpoint", {"directory": str(tmp)}, timeout_s=self.config.launch.command_timeout_s
@@ -929,8 +1008,8 @@ class Session:
         extra = {
             "ledger.json": json.dumps(self.versions.state_dict(), indent=1),
             "config.yaml": yaml.safe_dump(config_to_dict(self.config), sort_keys=False),
-            "data_state.json": json.dumps(self.prompt_sampler.state_dict()),
-            "session.json": json.dumps({"step": self.step, "rollouts": self._rollouts}),
+            "data_state.json": json.dumps(data_state),
+            "session.json": json.dumps({"step": self.step, "rollouts": rollouts}),
         }
         final = await asyncio.to_thread(finalize_checkpoint, tmp, root / f"step_{version}", extra)
         await asyncio.to_thread(prune_checkpoints, root, self.config.train.keep_checkpoints)

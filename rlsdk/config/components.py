@@ -478,6 +478,16 @@ class RolloutConfig:
         top_k: Sample from the k most likely tokens, >= 0; 0 = off.
         max_staleness: Most weight versions a sample may lag the trainer by, >= 0.
         stale_policy: What an update does with samples staler than max_staleness: 'raise' or 'drop' (counted).
+        mode: 'sequential' (each ``Session.rollout()`` generates its batch then and there: on-policy, the
+            default, and the notebook default) or 'async' (overlapped: as soon as a batch is handed out, the
+            next one is generated in the background while the ranks train, so it is one version behind; a
+            weight sync during that generation is applied between decode steps and its tokens carry both
+            versions). 'async' needs max_staleness >= 1. See docs/howto/async.md.
+        dynamic_sampling: DAPO's dynamic sampling (Yu et al. 2025): ``Session.reward`` drops the groups whose
+            rewards are all equal (zero advantage: no gradient) and samples new prompts until the batch holds
+            ``data.prompts_per_step`` informative groups, or max_sampling_rounds rounds ran (then the batch is
+            smaller; see docs/howto/algorithms.md). Needs group_size >= 2.
+        max_sampling_rounds: Most generation rounds per batch with dynamic_sampling (the first included), >= 1.
     """
 
     group_size: int = 16
@@ -487,6 +497,9 @@ class RolloutConfig:
     top_k: int = 0
     max_staleness: int = 0
     stale_policy: Literal["raise", "drop"] = "raise"
+    mode: Literal["sequential", "async"] = "sequential"
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 4
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -496,6 +509,19 @@ class RolloutConfig:
         require(self, "top_p", 0 < self.top_p <= 1, "a float in (0, 1]")
         require(self, "top_k", self.top_k >= 0, "an int >= 0 (0 = off)")
         require(self, "max_staleness", self.max_staleness >= 0, "an int >= 0")
+        require(
+            self,
+            "max_staleness",
+            self.mode == "sequential" or self.max_staleness >= 1,
+            "an int >= 1 when mode='async' (a batch generated while the ranks train is one version behind)",
+        )
+        require(self, "max_sampling_rounds", self.max_sampling_rounds >= 1, "an int >= 1")
+        require(
+            self,
+            "group_size",
+            not self.dynamic_sampling or self.group_size >= 2,
+            "an int >= 2 with dynamic_sampling (a group of one sample never has unequal rewards)",
+        )
 
 
 @dataclass

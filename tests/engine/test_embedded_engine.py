@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -194,18 +195,37 @@ def test_load_weights_missing_file_raises_file_not_found(model_dir: Path, tmp_pa
     assert engine.version == 0
 
 
-def test_load_weights_queued_during_generate_waits_for_it(model_dir: Path, tmp_path: Path) -> None:
+def test_load_weights_during_generate_is_applied_between_decode_steps_and_tags_later_tokens(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    import threading
+
     from safetensors.torch import save_model
 
     engine = EmbeddedEngine.from_pretrained(model_dir)
-    weights_path = tmp_path / "same.safetensors"
+    weights_path = tmp_path / "v5.safetensors"
     save_model(engine.model, str(weights_path))
     prompts = [[4, 5, 6, 14]] * 64
+    at_column_3 = threading.Event()
+    original = engine._apply_pending_load
+    columns: list[int] = []
+
+    def apply_at_column_3() -> bool:  # the generation reaches column 3, then waits for the load request
+        columns.append(len(columns))
+        if len(columns) == 4:  # calls: chunk start, then before columns 1, 2, 3
+            at_column_3.set()
+            deadline = time.monotonic() + 30
+            while engine._pending_load is None and time.monotonic() < deadline:
+                time.sleep(0.001)
+        return original()
+
+    engine._apply_pending_load = apply_at_column_3  # type: ignore[method-assign]
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=0)
 
     async def go() -> tuple[GenerateResult, int]:
         try:
-            generation = asyncio.create_task(engine.generate(prompts, SamplingParams(max_new_tokens=6, seed=0)))
-            await asyncio.sleep(0)  # the generation is submitted first
+            generation = asyncio.create_task(engine.generate(prompts, params))
+            await asyncio.to_thread(at_column_3.wait, 30)
             loaded = await engine.load_weights(str(weights_path), version=5)
             return await generation, loaded.version
         finally:
@@ -214,7 +234,32 @@ def test_load_weights_queued_during_generate_waits_for_it(model_dir: Path, tmp_p
     result, version = asyncio.run(go())
 
     assert version == 5
-    _assert_well_formed(result, engine.pad_token_id, engine.eos_token_id, version=0)
+    mask = result.completion_mask_B_C
+    versions = result.versions_B_C
+    assert versions.shape[1] >= 4, "the batch ended before column 3; lower the eos chance or raise max_new_tokens"
+    assert bool((versions[:, :3][mask[:, :3]] == 0).all())
+    assert bool((versions[:, 3:][mask[:, 3:]] == 5).all())
+    assert bool((versions[~mask] == -1).all())
+
+
+def test_load_weights_with_no_generation_running_loads_at_once(model_dir: Path, tmp_path: Path) -> None:
+    from safetensors.torch import save_model
+
+    engine = EmbeddedEngine.from_pretrained(model_dir)
+    weights_path = tmp_path / "v2.safetensors"
+    save_model(engine.model, str(weights_path))
+
+    async def go() -> tuple[int, GenerateResult]:
+        try:
+            info = await engine.load_weights(str(weights_path), version=2)
+            return info.version, await engine.generate([[4, 5, 14]] * 4, SamplingParams(max_new_tokens=3, seed=0))
+        finally:
+            await engine.close()
+
+    version, result = asyncio.run(go())
+
+    assert version == 2
+    _assert_well_formed(result, engine.pad_token_id, engine.eos_token_id, version=2)
 
 
 def test_close_is_idempotent_and_later_calls_raise(model_dir: Path, prompt_ids: list[list[int]]) -> None:

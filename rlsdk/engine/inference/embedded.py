@@ -1,14 +1,17 @@
 """The embedded inference engine: a transformers model in this process, served from one worker thread.
 
 The default backend on CPU (no server to start). Generation and weight loads run on one dedicated thread, so
-they never overlap (a load waits for the generation in flight and vice versa) and the asyncio event loop stays
-free while they run.
+the model is never used by two threads and the asyncio event loop stays free while they run. A weight load that
+arrives during a generation is applied by that generation between two decode steps (a partial rollout: the
+tokens before carry the old version, the tokens after the new one), as vLLM does for requests in flight across
+a weight update; it never waits for the whole generation.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -67,8 +70,9 @@ class EmbeddedEngine:
     """An :class:`~rlsdk.engine.inference.protocol.InferenceEngine` over an in-process transformers model.
 
     Build it with :meth:`from_pretrained`. All model work runs on one dedicated worker thread (a single-thread
-    executor): ``generate`` and ``load_weights`` are serialised in call order, and a generation never sees
-    weights change under it, so every token of one ``generate`` call carries the same version.
+    executor). A ``load_weights`` that arrives while a ``generate`` runs is applied by that generation before
+    its next decode step (or its next chunk of prompts), and ``versions_B_C`` records, per token, the version
+    that produced it; without overlapping calls every token of one ``generate`` carries the same version.
     """
 
     def __init__(
@@ -99,6 +103,11 @@ class EmbeddedEngine:
         self._generator = torch.Generator(device=next(self._model.parameters()).device)
         self._generator.seed()
         self._closed = False
+        # A load requested while a generation runs: (path, version); the generation applies it between decode
+        # steps. _applied is the last (path, version) loaded, so the queued load job does not load it twice.
+        self._pending_lock = threading.Lock()
+        self._pending_load: tuple[str, int] | None = None
+        self._applied: tuple[str, int] | None = None
         self._executor = ThreadPoolExecutor(
             max_workers=1,
             thread_name_prefix="rlsdk-embedded-engine",
@@ -190,35 +199,50 @@ class EmbeddedEngine:
             generator = self._generator
         chunks = []
         for start in range(0, len(prompt_ids), self._max_batch_size):
-            chunks.append(
-                sample_completions(
-                    self._model,
-                    prompt_ids[start : start + self._max_batch_size],
-                    params,
-                    pad_token_id=self._pad_token_id,
-                    eos_token_id=self._eos_token_id,
-                    generator=generator,
-                )
+            self._apply_pending_load()
+            switches = [(0, self._version)]  # (first token column, version) of this chunk
+
+            def before_step(column: int, switches: list[tuple[int, int]] = switches) -> None:
+                if self._apply_pending_load():
+                    switches.append((column, self._version))
+
+            ids_B_C, mask_B_C, logprobs_B_C = sample_completions(
+                self._model,
+                prompt_ids[start : start + self._max_batch_size],
+                params,
+                pad_token_id=self._pad_token_id,
+                eos_token_id=self._eos_token_id,
+                generator=generator,
+                before_step=before_step,
             )
+            versions_B_C = torch.full_like(ids_B_C, -1)
+            for column, version in switches:
+                versions_B_C[:, column:] = version
+            chunks.append((ids_B_C, mask_B_C, logprobs_B_C, torch.where(mask_B_C, versions_B_C, -1)))
             if on_samples is not None:
-                on_samples(chunks[-1][0].shape[0])
-        width = max(ids_B_C.shape[1] for ids_B_C, _, _ in chunks)
+                on_samples(ids_B_C.shape[0])
+        width = max(chunk[0].shape[1] for chunk in chunks)
 
         def pad_right(tensor: torch.Tensor, value: float | int | bool) -> torch.Tensor:
             return torch.nn.functional.pad(tensor, (0, width - tensor.shape[1]), value=value)
 
-        ids_B_C = torch.cat([pad_right(ids, self._pad_token_id) for ids, _, _ in chunks])
-        mask_B_C = torch.cat([pad_right(mask, False) for _, mask, _ in chunks])
-        logprobs_B_C = torch.cat([pad_right(lp, 0.0) for _, _, lp in chunks])
-        versions_B_C = torch.where(
-            mask_B_C, torch.tensor(self._version, dtype=torch.long), torch.tensor(-1, dtype=torch.long)
-        )
         return GenerateResult(
-            completion_ids_B_C=ids_B_C.cpu(),
-            completion_mask_B_C=mask_B_C.cpu(),
-            logprobs_B_C=logprobs_B_C.float().cpu(),
-            versions_B_C=versions_B_C.cpu(),
+            completion_ids_B_C=torch.cat([pad_right(c[0], self._pad_token_id) for c in chunks]).cpu(),
+            completion_mask_B_C=torch.cat([pad_right(c[1], False) for c in chunks]).cpu(),
+            logprobs_B_C=torch.cat([pad_right(c[2], 0.0) for c in chunks]).float().cpu(),
+            versions_B_C=torch.cat([pad_right(c[3], -1) for c in chunks]).cpu(),
         )
+
+    def _apply_pending_load(self) -> bool:
+        """On the worker thread, inside a generation: load the weights a concurrent ``load_weights`` asked for.
+        Returns whether it loaded."""
+        with self._pending_lock:
+            request, self._pending_load = self._pending_load, None
+        if request is None:
+            return False
+        self._load_weights_sync(*request)
+        logger.debug("applied v%d during a generation (partial rollout)", request[1])
+        return True
 
     async def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> GenerateResult:
         """Sample one completion per prompt (see :func:`~rlsdk.engine.inference.sampling.sample_completions`).
@@ -242,14 +266,16 @@ class EmbeddedEngine:
         load_model(self._model, path, strict=True)
         self._checksum = state_dict_checksum(self._model.state_dict())
         self._version = version
+        self._applied = (path, version)
         logger.info("embedded engine loaded %s as version %d (checksum %s)", path, version, self._checksum[:12])
         return WeightInfo(version=self._version, checksum=self._checksum)
 
     async def load_weights(self, path: str, version: int) -> WeightInfo:
         """Load weights saved by ``safetensors.torch.save_model(model, path)``; serve them as ``version``.
 
-        Runs on the worker thread after any generation already submitted, so it never changes weights under a
-        running generation. The returned checksum is ``state_dict_checksum`` of the loaded weights.
+        A generation running now applies them before its next decode step (its later tokens carry
+        ``version``); otherwise they load on the worker thread at once. Returns when they are served. The
+        returned checksum is ``state_dict_checksum`` of the loaded weights.
 
         Raises:
             FileNotFoundError: ``path`` does not exist.
@@ -257,7 +283,20 @@ class EmbeddedEngine:
         """
         if not Path(path).is_file():
             raise FileNotFoundError(f"no weights file at {path}")
-        return await self._run(self._load_weights_sync, str(path), version)
+        self._check_open()
+        request = (str(path), version)
+        with self._pending_lock:
+            self._pending_load = request
+        return await self._run(self._finish_load, request)
+
+    def _finish_load(self, request: tuple[str, int]) -> WeightInfo:
+        """The queued half of a load: load now unless a generation already applied this very request."""
+        with self._pending_lock:
+            if self._pending_load == request:
+                self._pending_load = None
+            elif self._applied == request:
+                return WeightInfo(version=self._version, checksum=self._checksum)
+        return self._load_weights_sync(*request)
 
     async def weight_info(self) -> WeightInfo:
         """The version and checksum served now (after any pending load submitted before this call)."""

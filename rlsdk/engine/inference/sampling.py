@@ -6,7 +6,7 @@ Shape names: ``B`` = sequences, ``P`` = prompt tokens (left-padded), ``C`` = com
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -70,6 +70,7 @@ def sample_completions(
     pad_token_id: int,
     eos_token_id: int,
     generator: torch.Generator | None = None,
+    before_step: Callable[[int], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sample one completion per prompt with a KV cache: prefill, then one token per step for the batch.
 
@@ -99,6 +100,10 @@ def sample_completions(
         pad_token_id: id written after a row's end.
         eos_token_id: id that ends a row.
         generator: RNG for the draws; ``None`` uses torch's default generator.
+        before_step: called as ``before_step(t)`` before the forward pass that yields token column ``t``
+            (``t >= 1``; the prefill yields column 0). An interruptible engine swaps weights there: tokens from
+            column ``t`` on come from the new weights, over the KV cache the old ones wrote (kept, not
+            recomputed, as vLLM keeps in-flight requests across a weight update).
 
     Returns:
         ``(completion_ids_B_C, completion_mask_B_C, logprobs_B_C)``: int64 ids (pad after the end), bool mask,
@@ -156,6 +161,8 @@ def sample_completions(
             if steps == max_new_tokens or bool(finished_B.all()):
                 break
             attention_mask_B_T = torch.cat([attention_mask_B_T, attention_mask_B_T.new_ones((batch, 1))], dim=1)
+            if before_step is not None:
+                before_step(steps)
             output = model(
                 input_ids=tokens_B_C[:, step : step + 1],
                 attention_mask=attention_mask_B_T,

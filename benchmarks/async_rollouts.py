@@ -1,0 +1,147 @@
+"""Async overlapped rollouts against sequential ones: seconds to the default recipe's reward threshold.
+
+Both systems run the default recipe's loop (recipes/grpo_reverse.py: 2 ranks, the tiny reverse policy, the
+embedded engine, 16 prompts x 16 samples, lr 1e-3, no std scaling) through a real Session and differ in one
+config field: ``rollout.mode`` 'sequential' (generate, then train) or 'async' (the next batch generates while the
+ranks train; ``rollout.max_staleness = 1``). Runs are interleaved per seed (sequential, async, sequential, ...),
+each until the 10-step moving mean reward reaches ``--target`` or ``--max-steps``. Per run: seconds and steps to
+the target (``None`` when missed), median seconds per step (after 10 warm-up steps), the final moving reward.
+
+The table gives medians over seeds and the ratio async / sequential (< 1: async is faster). A run that misses the
+target counts as ``--max-steps`` worth of time for the median (stated in the JSON as ``missed``).
+
+Usage: ``python benchmarks/async_rollouts.py [--quick] [--seeds 0 1 2] [--max-steps 1500] [--json PATH]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
+
+from _harness import print_table, summarize, write_json
+from grpo_reverse import config as recipe_config
+
+from rlsdk import Session, SessionConfig
+from rlsdk.data import build_tiny_policy
+from rlsdk.rewards import reverse_reward
+
+MODES = ("sequential", "async")
+WINDOW = 10
+WARMUP = 10
+
+
+def run_config(mode: str, seed: int, root: Path, max_steps: int) -> SessionConfig:
+    base = recipe_config()
+    model = build_tiny_policy(root / f"model-seed{seed}", seed=seed)
+    return dataclasses.replace(
+        base,
+        seed=seed,
+        model=dataclasses.replace(base.model, path=str(model)),
+        train=dataclasses.replace(base.train, max_steps=max_steps),
+        rollout=dataclasses.replace(base.rollout, mode=mode, max_staleness=1 if mode == "async" else 0),
+        observe=dataclasses.replace(base.observe, output_dir=str(root / f"{mode}-seed{seed}"), tensorboard=False),
+    )
+
+
+async def run_once(config: SessionConfig, target: float) -> dict[str, Any]:
+    """The recipe's loop until the moving mean reaches ``target``; timing starts once the Session is up."""
+    rewards: list[float] = []
+    step_s: list[float] = []
+    async with await Session.start(config) as session:
+        start = time.perf_counter()
+        reached_at: tuple[int, float] | None = None
+        for step in range(1, config.train.max_steps + 1):
+            t0 = time.perf_counter()
+            rollout = await session.reward(await session.rollout(), reverse_reward)
+            stats = await session.update(rollout)
+            await session.sync_weights()
+            step_s.append(time.perf_counter() - t0)
+            rewards.append(stats["reward/mean"])
+            if len(rewards) >= WINDOW and statistics.fmean(rewards[-WINDOW:]) >= target:
+                reached_at = (step, time.perf_counter() - start)
+                break
+        total = time.perf_counter() - start
+    return {
+        "steps_to_target": None if reached_at is None else reached_at[0],
+        "seconds_to_target": None if reached_at is None else reached_at[1],
+        "seconds": total,
+        "steps": len(rewards),
+        "step_s_median": statistics.median(step_s[WARMUP:] or step_s),
+        "final_moving_reward": statistics.fmean(rewards[-WINDOW:]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1 seed, 25 steps, no target (a smoke test)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--max-steps", type=int, default=1500)
+    parser.add_argument("--target", type=float, default=0.9)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    seeds, max_steps, target = args.seeds, args.max_steps, args.target
+    if args.quick:
+        seeds, max_steps, target = seeds[:1], 25, 2.0  # unreachable: a fixed number of steps
+
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    with tempfile.TemporaryDirectory(prefix="rlsdk-bench-async-") as tmp:
+        for seed in seeds:
+            for mode in MODES:  # interleaved: sequential then async for each seed
+                result = asyncio.run(run_once(run_config(mode, seed, Path(tmp), max_steps), target))
+                result["seed"] = seed
+                runs[mode].append(result)
+                print(
+                    f"seed {seed} {mode:>10}: steps {result['steps']:5d}, to target {result['seconds_to_target']}, "
+                    f"{1000 * result['step_s_median']:.1f} ms/step, final reward {result['final_moving_reward']:.3f}",
+                    flush=True,
+                )
+
+    def to_target(run: dict[str, Any]) -> float:
+        if run["seconds_to_target"] is not None:
+            return float(run["seconds_to_target"])
+        return run["step_s_median"] * max_steps  # a miss counts as the whole step budget
+
+    summary: dict[str, Any] = {}
+    for metric, pick in (
+        ("seconds_to_target", to_target),
+        ("step_ms", lambda run: 1000 * run["step_s_median"]),
+        ("final_moving_reward", lambda run: run["final_moving_reward"]),
+    ):
+        summary[metric] = {mode: summarize([pick(run) for run in runs[mode]]) for mode in MODES}
+        summary[metric]["ratio_async_over_sequential"] = (
+            summary[metric]["async"]["median"] / summary[metric]["sequential"]["median"]
+        )
+    summary["missed"] = {mode: sum(run["seconds_to_target"] is None for run in runs[mode]) for mode in MODES}
+    for metric, unit in (("seconds_to_target", "s"), ("step_ms", "ms"), ("final_moving_reward", "")):
+        if args.quick and metric == "seconds_to_target":
+            continue
+        rows = [{"name": mode, **summary[metric][mode], "ratio": None} for mode in MODES]
+        rows[1]["ratio"] = summary[metric]["ratio_async_over_sequential"]
+        print_table(f"{metric} (median over seeds {seeds}; ratio = async / sequential)", rows, unit)
+    print(f"\nmissed the target: {summary['missed']}")
+    write_json(
+        args.json,
+        {
+            "benchmark": "async_rollouts",
+            "quick": args.quick,
+            "seeds": seeds,
+            "max_steps": max_steps,
+            "target": target,
+            "summary": summary,
+            "runs": runs,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
