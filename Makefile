@@ -46,8 +46,16 @@ format: $(VENV)/.stamp-dev
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-bench: $(VENV)/.stamp-dev
+$(VENV)/.stamp-bench: pyproject.toml $(VENV)/.stamp-base
+	$(PIP) install -q -e ".[bench]"
+	touch $@
+
+# ARGS go to every benchmark; trl_compare takes only --quick from them and, when ARGS ask for JSON, writes its
+# figures to their own file (never over session_overhead.json).
+bench: $(VENV)/.stamp-dev $(VENV)/.stamp-bench
 	$(BIN)/python benchmarks/session_overhead.py $(ARGS)
+	$(BIN)/python benchmarks/trl_compare.py $(filter --quick,$(ARGS)) \
+		$(if $(findstring --json,$(ARGS)),--json benchmarks/results/trl_compare.json)
 
 $(VENV)/.stamp-docs: pyproject.toml $(VENV)/.stamp-base
 	$(PIP) install -q -e ".[docs]"
