@@ -57,6 +57,35 @@ def check_model_dir(path: str) -> None:
         )
 
 
+def check_model_files(config: SessionConfig) -> Any:
+    """Load ``model.path``'s config and tokenizer before any process starts (the ranks and the engine would
+    fail on them later); returns the tokenizer. Raises ``ConfigError`` naming ``model.path`` and the cause."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    path, remote = config.model.path, config.model.trust_remote_code
+    try:
+        AutoConfig.from_pretrained(path, trust_remote_code=remote)
+    except Exception as exc:
+        raise ConfigError(
+            "model.path", path, f"a directory whose config.json transformers can load ({type(exc).__name__}: {exc})"
+        ) from exc
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=remote)
+    except Exception as exc:
+        raise ConfigError(
+            "model.path", path, f"a directory holding the model's tokenizer files ({type(exc).__name__}: {exc})"
+        ) from exc
+    # transformers builds an empty tokenizer from a directory without tokenizer files instead of raising.
+    if not tokenizer("a 0", add_special_tokens=False)["input_ids"]:
+        raise ConfigError(
+            "model.path",
+            path,
+            "a directory holding the model's tokenizer files (the tokenizer built from it has no vocabulary: "
+            "tokenizer.json or the vocabulary files are missing)",
+        )
+    return tokenizer
+
+
 def check_data(config: SessionConfig) -> tuple[Any, Any]:
     """Build the configured prompt data set before any process starts; returns ``(dataset, tokenizer)``.
 
@@ -120,6 +149,8 @@ async def _check_before_start(config: SessionConfig) -> tuple[tuple[Path, dict[s
     check_model_dir(config.model.path)
     resume = await asyncio.to_thread(load_resume_state, config)
     dataset, tokenizer = await asyncio.to_thread(check_data, config)
+    if tokenizer is None:
+        tokenizer = await asyncio.to_thread(check_model_files, config)
     return resume, dataset, tokenizer
 
 

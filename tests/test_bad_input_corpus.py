@@ -38,7 +38,7 @@ from rlsdk.config import (
 from rlsdk.engine.inference.sampling import left_pad
 from rlsdk.rewards import RewardError, combine_rewards
 from rlsdk.rewards.apply import compute_reward_breakdown
-from rlsdk.session import check_data, check_model_dir, load_resume_state
+from rlsdk.session import check_data, check_model_dir, check_model_files, load_resume_state
 from rlsdk.workflow.rollout import Rollout
 
 
@@ -87,6 +87,22 @@ def _parquet(tmp: Path, columns: dict[str, list[Any]], name: str = "prompts.parq
     path = tmp / name
     pq.write_table(pa.table({k: pa.array(v, pa.string()) for k, v in columns.items()}), path)
     return path
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json")
+
+
+def _model_copy(tmp: Path, model: Path, *, drop: tuple[str, ...] = (), config_json: str | None = None) -> SessionConfig:
+    """A config whose model.path is a copy of the tiny model without ``drop`` (or with another config.json)."""
+    import shutil
+
+    copy = tmp / "model-copy"
+    shutil.copytree(model, copy)
+    for name in drop:
+        (copy / name).unlink(missing_ok=True)
+    if config_json is not None:
+        (copy / "config.json").write_text(config_json)
+    return SessionConfig(model=ModelConfig(path=str(copy)))
 
 
 def _check_file(model: Path, path: Path | str, **data: Any) -> object:
@@ -336,6 +352,10 @@ CORPUS: list[BadInput] = [
              ("model.path", "a directory with config.json"), "model.path"),
     BadInput("model/file-not-dir", lambda t, m: check_model_dir(str(_file(t, "model.safetensors", "x"))),
              ConfigError, ("model.path", "model.safetensors", "an existing local directory"), "model.path"),
+    BadInput("model/no-tokenizer-files", lambda t, m: check_model_files(_model_copy(t, m, drop=TOKENIZER_FILES)),
+             ConfigError, ("model.path", "tokenizer files", "no vocabulary"), "model.path"),
+    BadInput("model/broken-config.json", lambda t, m: check_model_files(_model_copy(t, m, config_json="{")),
+             ConfigError, ("model.path", "config.json transformers can load", "not a valid JSON"), "model.path"),
     BadInput("model/empty-path", lambda t, m: ModelConfig(path="  "), ConfigError,
              ("ModelConfig.path", "a non-empty path"), "ModelConfig.path"),
     # --- checkpoints to resume from (load_resume_state, before any process)
