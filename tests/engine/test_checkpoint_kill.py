@@ -158,6 +158,7 @@ _FINALIZE_UNDER_KILL = textwrap.dedent(
         checkpoint._fsync_tree = after(0, checkpoint._fsync_tree)  # manifest written, nothing synced
     elif point == "before-rename":
         checkpoint.os.replace = after(0, checkpoint.os.replace)
+        # EXTRA_PATCH
     elif point == "after-rename":
         real_replace = checkpoint.os.replace
         def replace_then_die(*args, **kwargs):
@@ -227,21 +228,36 @@ def test_finalize_killed_at_each_step_leaves_only_complete_verified_checkpoints(
     assert complete_checkpoints(root) == expected
 
 
-def test_finalize_killed_while_replacing_the_same_step_keeps_the_older_checkpoint_loadable(tmp_path: Path) -> None:
-    # Re-saving step_2 (no update in between) removes the old step_2 before renaming the new one into place; a
-    # kill in that window loses step_2 (both copies ignored), and 'latest' falls back to step_1, verified.
+@pytest.mark.parametrize(
+    ("point", "survivor_fill"), [("before-rename", b"\x02"), ("between-removing-old-and-rename", b"\x03")]
+)
+def test_finalize_killed_while_replacing_the_same_step_leaves_one_complete_copy_of_that_step(
+    tmp_path: Path, point: str, survivor_fill: bytes
+) -> None:
+    # Re-saving step_2 (no update in between) swaps the new copy into place atomically (renameat2 exchange):
+    # killed before the swap, the old step_2 stays; killed after it (while the old copy is being removed), the
+    # new one is in place. Never neither.
     root = tmp_path / "checkpoints"
-    previous = _finalized(root, 1, b"\x01")
+    _finalized(root, 1, b"\x01")
     _finalized(root, 2, b"\x02")
     tmp = _rank_files(root / "step_2.tmp-deadbeef", b"\x03")
+    patch = "checkpoint._exchange = after(0, checkpoint._exchange)" if point == "before-rename" else ""
 
     proc = subprocess.run(
-        [sys.executable, "-c", _FINALIZE_UNDER_KILL, "between-removing-old-and-rename", str(tmp), str(root / "step_2")],
+        [
+            sys.executable,
+            "-c",
+            _FINALIZE_UNDER_KILL.replace("# EXTRA_PATCH", patch),
+            point,
+            str(tmp),
+            str(root / "step_2"),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
     )
 
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    assert complete_checkpoints(root) == [previous]
-    assert resolve_checkpoint("latest", tmp_path) == previous
+    assert complete_checkpoints(root) == [root / "step_1", root / "step_2"]
+    assert resolve_checkpoint("latest", tmp_path) == root / "step_2"  # verified against its manifest
+    assert (root / "step_2" / "trainer_state.pt").read_bytes()[:1] == survivor_fill

@@ -58,6 +58,23 @@ def _fsync_tree(root: Path) -> None:
             os.close(fd)
 
 
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); ``False`` where that is unsupported."""
+    import ctypes
+    import errno
+
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(first), at_fdcwd, os.fsencode(second), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(second))
+
+
 def finalize_checkpoint(tmp_dir: Path, final_dir: Path, extra_files: dict[str, str]) -> Path:
     """Write ``extra_files`` (name -> text) and ``manifest.json`` into ``tmp_dir``, fsync, rename to final."""
     for name, text in extra_files.items():
@@ -69,9 +86,14 @@ def finalize_checkpoint(tmp_dir: Path, final_dir: Path, extra_files: dict[str, s
     }
     (tmp_dir / "manifest.json").write_text(json.dumps({"files": manifest}, indent=1), encoding="utf-8")
     _fsync_tree(tmp_dir)
-    if final_dir.exists():
-        shutil.rmtree(final_dir)
-    os.replace(tmp_dir, final_dir)
+    if final_dir.exists() and _exchange(tmp_dir, final_dir):
+        # Re-saving the same step: the new copy took the old one's place in one atomic step; the old one now
+        # sits at the temporary name, which is never taken for a checkpoint, until it is removed.
+        shutil.rmtree(tmp_dir)
+    else:
+        if final_dir.exists():  # no atomic exchange on this filesystem: a kill here loses this step
+            shutil.rmtree(final_dir)
+        os.replace(tmp_dir, final_dir)
     fd = os.open(final_dir.parent, os.O_RDONLY)
     try:
         os.fsync(fd)
