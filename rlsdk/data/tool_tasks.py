@@ -105,3 +105,55 @@ def tool_answer_reward(completions: list[str], answer: list[str], **_: Any) -> l
         found = _ANSWER.findall(text)
         rewards.append(float(bool(found) and found[-1] == str(reference).strip()))
     return rewards
+
+
+# --- A tool-use task the tiny reverse policy can learn on CPU (16-token vocabulary: digits, '>', '|') ----------
+TOOL_CALL = "|"
+CODE_DIGITS = 1
+"""Digits of a lookup code: one, so that a ~133k-parameter model learns to call the tool and copy its answer within
+a few hundred CPU steps."""
+"""The call marker of the lookup tool: a turn ending in it calls the tool (``MultiTurnWorkflow(call_end=...)``)."""
+
+
+def lookup_code(key: str) -> str:
+    """The value the lookup tool stores for ``key`` (the digits of a prompt ``"123>"``): 3 digits the model cannot
+    work out from the key (a fixed multiplicative hash), so it must call the tool to answer."""
+    digits = "".join(ch for ch in key if ch.isdigit())
+    if not digits:
+        raise ValueError(f"key {key!r} has no digits; allowed a prompt like '123>'")
+    return f"{(int(digits) * 7919 + 4057) % 10**CODE_DIGITS:0{CODE_DIGITS}d}"
+
+
+def lookup_call(turn_text: str) -> str | None:
+    """``parse_call`` for the lookup tool: a turn that ends with :data:`TOOL_CALL` calls it (no arguments)."""
+    return "lookup" if turn_text.endswith(TOOL_CALL) else None
+
+
+def lookup_env(call: str, row: dict[str, Any]) -> str:
+    """The lookup tool: the code stored for the row's prompt (:func:`lookup_code`)."""
+    return lookup_code(row["prompt"])
+
+
+def lookup_output(answer: str) -> str:
+    """``format_output`` of the lookup tool: its answer, then ``>`` (the model writes its final answer after it)."""
+    return f"{answer}>"
+
+
+def lookup_reward(completions: list[str], prompts: list[str], **_: Any) -> list[float]:
+    """:func:`rlsdk.rewards.reverse_reward`'s partial credit of the FINAL answer against the prompt's code: the text
+    after the last ``>`` of the completion (after the tool's output when the tool was called). Copying the tool's
+    output earns full credit; the output itself, which the model did not write, earns nothing; answering without
+    the tool can only guess.
+    """
+    from rlsdk.rewards import reverse_reward
+
+    finals = [text.rsplit(">", 1)[-1].replace(TOOL_CALL, "") for text in completions]
+    return reverse_reward(finals, [lookup_code(p) for p in prompts])
+
+
+def tool_called_reward(completions: list[str], **_: Any) -> list[float]:
+    """1.0 where the completion called the lookup tool (a :data:`TOOL_CALL` answered by the tool's output, which
+    ends in ``>``), else 0.0: a small shaping term
+    (compose it with :func:`lookup_reward` through :func:`rlsdk.rewards.combine_rewards`) that rewards trying the
+    tool before the model has learned to use its answer."""
+    return [float(TOOL_CALL in text and ">" in text.split(TOOL_CALL, 1)[1]) for text in completions]
