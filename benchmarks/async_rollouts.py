@@ -1,11 +1,14 @@
 """Async overlapped rollouts against sequential ones: seconds to the default recipe's reward threshold.
 
 Both systems run the default recipe's loop (recipes/grpo_reverse.py: 2 ranks, the tiny reverse policy, the
-embedded engine, 16 prompts x 16 samples, lr 1e-3, no std scaling) through a real Session and differ in one
-config field: ``rollout.mode`` 'sequential' (generate, then train) or 'async' (the next batch generates while the
-ranks train; ``rollout.max_staleness = 1``). Runs are interleaved per seed (sequential, async, sequential, ...),
-each until the 10-step moving mean reward reaches ``--target`` or ``--max-steps``. Per run: seconds and steps to
-the target (``None`` when missed), median seconds per step (after 10 warm-up steps), the final moving reward.
+embedded engine, 16 prompts x 16 samples, lr 1e-3, no std scaling) through a real Session and differ in config
+only: ``rollout.mode`` 'sequential' (generate, then train) or 'async' (the next batch generates while the ranks
+train; ``rollout.max_staleness = 1``; ``algorithm.off_policy`` = ``--async-off-policy``, default 'decoupled').
+Why decoupled: with the plain PPO ratio against the one-version-old behaviour logprobs, async needed
+1064/1314/>1500 steps on seeds 0/1/2 against sequential's 973/526/748. Runs are interleaved per seed (sequential,
+async, sequential, ...), each until the 10-step moving mean reward reaches ``--target`` or ``--max-steps``. Per
+run: seconds and steps to the target (``None`` when missed), median seconds per step (after 10 warm-up steps),
+the final moving reward.
 
 The table gives medians over seeds and the ratio async / sequential (< 1: async is faster). A run that misses the
 target counts as ``--max-steps`` worth of time for the median (stated in the JSON as ``missed``).
@@ -36,11 +39,13 @@ from rlsdk.data import build_tiny_policy
 from rlsdk.rewards import reverse_reward
 
 MODES = ("sequential", "async")
+# algorithm.off_policy of the async system: 'none' (the PPO ratio against the behaviour logprobs, one version
+# old) or 'decoupled' (AReaL's decoupled PPO: the proximal policy is the trainer's, behaviour weights capped).
 WINDOW = 10
 WARMUP = 10
 
 
-def run_config(mode: str, seed: int, root: Path, max_steps: int) -> SessionConfig:
+def run_config(mode: str, seed: int, root: Path, max_steps: int, off_policy: str = "none") -> SessionConfig:
     base = recipe_config()
     model = build_tiny_policy(root / f"model-seed{seed}", seed=seed)
     return dataclasses.replace(
@@ -49,6 +54,7 @@ def run_config(mode: str, seed: int, root: Path, max_steps: int) -> SessionConfi
         model=dataclasses.replace(base.model, path=str(model)),
         train=dataclasses.replace(base.train, max_steps=max_steps),
         rollout=dataclasses.replace(base.rollout, mode=mode, max_staleness=1 if mode == "async" else 0),
+        algorithm=dataclasses.replace(base.algorithm, off_policy=off_policy if mode == "async" else "none"),
         observe=dataclasses.replace(base.observe, output_dir=str(root / f"{mode}-seed{seed}"), tensorboard=False),
     )
 
@@ -88,6 +94,12 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=1500)
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--async-off-policy",
+        choices=("none", "tis", "decoupled"),
+        default="decoupled",
+        help="algorithm.off_policy of the async runs (sequential runs are on-policy: 'none')",
+    )
     args = parser.parse_args()
     seeds, max_steps, target = args.seeds, args.max_steps, args.target
     if args.quick:
@@ -97,7 +109,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rlsdk-bench-async-") as tmp:
         for seed in seeds:
             for mode in MODES:  # interleaved: sequential then async for each seed
-                result = asyncio.run(run_once(run_config(mode, seed, Path(tmp), max_steps), target))
+                config = run_config(mode, seed, Path(tmp), max_steps, args.async_off_policy)
+                result = asyncio.run(run_once(config, target))
                 result["seed"] = seed
                 runs[mode].append(result)
                 print(
@@ -137,6 +150,7 @@ def main() -> None:
             "seeds": seeds,
             "max_steps": max_steps,
             "target": target,
+            "async_off_policy": args.async_off_policy,
             "summary": summary,
             "runs": runs,
         },

@@ -12,7 +12,11 @@ first three samples after it, ``final`` the median of the last three. Exit statu
 than 10%, descriptors or child processes grow after warm-up, or a child process or descriptor outlives the
 Session. The loop runs a fixed number of steps (the recipe's early stop at ``train.target_reward`` is off).
 
-Usage: ``python benchmarks/soak.py [--quick] [--steps N] [--json PATH]``.
+``--mode async`` (the default) runs the loop with ``rollout.mode='async'`` (the next rollout generates in the
+background while the ranks train; ``max_staleness`` 1, decoupled PPO), the long-running mode that keeps the most
+state alive; ``--mode sequential`` is the recipe's own default.
+
+Usage: ``python benchmarks/soak.py [--quick] [--steps N] [--mode async|sequential] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -44,12 +48,17 @@ RSS_GROWTH_LIMIT_PCT = 10.0
 CLOSE_GRACE_S = 10.0
 
 
-def soak_config(model_dir: Path, out: Path, seed: int) -> SessionConfig:
-    """The recipe's config with a local model and output root, no console logs."""
+def soak_config(model_dir: Path, out: Path, seed: int, mode: str = "async") -> SessionConfig:
+    """The recipe's config with a local model and output root, no console logs, in rollout ``mode`` ('async':
+    the next batch generates while the ranks train, ``max_staleness`` 1, decoupled PPO)."""
     cfg = recipe_config()
+    staleness = 1 if mode == "async" else cfg.rollout.max_staleness
+    off_policy = "decoupled" if mode == "async" else cfg.algorithm.off_policy
     return dataclasses.replace(
         cfg,
         model=dataclasses.replace(cfg.model, path=str(model_dir)),
+        rollout=dataclasses.replace(cfg.rollout, mode=mode, max_staleness=staleness),
+        algorithm=dataclasses.replace(cfg.algorithm, off_policy=off_policy),
         observe=dataclasses.replace(cfg.observe, output_dir=str(out), console=False, log_level="WARNING"),
         seed=seed,
     )
@@ -126,6 +135,9 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=None, help="sample every N steps (default: steps / 50)")
     parser.add_argument("--json", default=None, help="write all samples and figures to this JSON file")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--mode", choices=("async", "sequential"), default="async", help="rollout.mode of the loop (default async)"
+    )
     args = parser.parse_args()
     steps = args.steps or (30 if args.quick else 500)
     every = args.every or max(1, steps // 50)
@@ -133,7 +145,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="rlsdk-soak-"))
     model_dir = build_tiny_policy(work / "model", seed=args.seed)
-    config = soak_config(model_dir, work / "run", args.seed)
+    config = soak_config(model_dir, work / "run", args.seed, args.mode)
     me = psutil.Process()
     baseline = {"controller_fds": open_fds(me.pid), "children": len(me.children(recursive=True))}
 
@@ -193,6 +205,7 @@ def main() -> None:
         {
             "benchmark": "soak",
             "quick": args.quick,
+            "mode": args.mode,
             "steps": steps,
             "sample_every": every,
             "warmup_steps": warmup,

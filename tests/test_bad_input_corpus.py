@@ -28,6 +28,7 @@ from rlsdk.config import (
     ConfigError,
     DataConfig,
     ModelConfig,
+    RolloutConfig,
     SessionConfig,
     TrainConfig,
     config_from_dict,
@@ -346,6 +347,8 @@ CORPUS: list[BadInput] = [
              lambda t, m: parse_cli(_default(), ["--config", str(_yaml(t, "rollout: {group_sise: 4}\n"))]),
              ConfigError, ("rollout.group_sise", "did you mean 'group_size'?", "[in --config"), "rollout.group_sise"),
     # --- model paths (check_model_dir: Session.start's first check)
+    BadInput("contradiction/async-without-staleness-bound", lambda t, m: RolloutConfig(mode="async", max_staleness=0),
+             ConfigError, ("max_staleness=0", "an int >= 1 when mode='async'"), "RolloutConfig.max_staleness"),
     BadInput("model/missing-dir", lambda t, m: check_model_dir(str(t / "no-such-model")), ConfigError,
              ("model.path", "no-such-model", "an existing local directory"), "model.path"),
     BadInput("model/dir-without-config.json", lambda t, m: check_model_dir(str(t)), ConfigError,
