@@ -320,7 +320,9 @@ class Session:
             },
         )
         self._phase("launching ranks")
-        self._launcher = await start_launcher(cfg.launch, env, output_dir=self.output_dir, on_line=self._launcher_line)
+        self._launcher = await start_launcher(
+            cfg.launch, env, output_dir=self.output_dir, on_line=self._launcher_line, config=cfg
+        )
         self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
 
         # The engine loads while the ranks import torch and form their process group.
@@ -438,13 +440,28 @@ class Session:
                 max_batch_size=inference.max_batch_size,
             )
         from rlsdk.engine.inference.vllm import VLLMEngine
+        from rlsdk.engine.inference.weight_transfer import (
+            NCCL_RANK_COMMAND,
+            RankCommandTrainer,
+            select_weight_transfer,
+        )
 
-        if inference.url is not None:
+        # GPU nodes (launch.gpus_per_node > 0): NCCL broadcast from trainer rank 0; else the shared-memory file.
+        trainer = RankCommandTrainer(lambda body, t: self._broadcast(NCCL_RANK_COMMAND, body, timeout_s=t))
+        transfer = select_weight_transfer(cfg.launch, trainer)
+        url = inference.url
+        if url is None and getattr(self._launcher, "vllm_replicas", 0) > 0:
+            # The Slurm job runs the replica on a node of its own; its endpoint comes back once it is healthy.
+            url = await self._launcher.wait_for_endpoint(
+                0, timeout_s=cfg.launch.start_timeout_s + inference.server_start_timeout_s
+            )
+        if url is not None:
             engine = await VLLMEngine.attach(
-                inference.url,
+                url,
                 cfg.model.path,
                 request_timeout_s=inference.request_timeout_s,
                 sync_timeout_s=inference.sync_timeout_s,
+                transfer=transfer,
             )
         else:
             engine = await VLLMEngine.start(
@@ -456,6 +473,7 @@ class Session:
                 request_timeout_s=inference.request_timeout_s,
                 sync_timeout_s=inference.sync_timeout_s,
                 on_line=self._inference_line,
+                transfer=transfer,
             )
             self._engine_watch = asyncio.get_running_loop().create_task(self._watch_engine(engine))
         return engine
@@ -988,13 +1006,20 @@ class Session:
         """
         engine = self._engine()
         start = time.perf_counter()
-        results = await self._broadcast(
-            "export_weights",
-            {"publish_dir": self._publish_dir, "src": 0},
-            timeout_s=self.config.launch.command_timeout_s,
-        )
-        published = results[0]
-        info = await engine.load_weights(published["path"], published["version"])
+        transfer = getattr(engine, "transfer", None)
+        if getattr(transfer, "name", None) == "nccl":
+            # GPU path: no file. The engine's transfer has trainer rank 0 broadcast (rank command
+            # broadcast_weights_nccl) and checks the workers' checksums; what rank 0 sent is verified below.
+            info = await engine.load_weights("", self.versions.trainer_version)
+            published = {"path": "", **transfer.last_sent}
+        else:
+            results = await self._broadcast(
+                "export_weights",
+                {"publish_dir": self._publish_dir, "src": 0},
+                timeout_s=self.config.launch.command_timeout_s,
+            )
+            published = results[0]
+            info = await engine.load_weights(published["path"], published["version"])
         expected = self.versions.trainer_version
         if info.version != expected or info.checksum != published["checksum"]:
             raise WeightMismatchError(

@@ -10,8 +10,12 @@ path (:func:`rlsdk.launch.slurm.node_command`, the machine rank in ``$RLSDK_MACH
 vLLM replicas get their own placement groups (:func:`inference_bundles`: one ``STRICT_PACK`` group per replica,
 so a replica's tensor-parallel GPUs share a node), which vLLM's Ray executor uses when started inside them.
 
-What is not run here: Ray is not installed on these machines, so this module is untested beyond its pure
-functions (tests/launch/test_ray.py skips the cluster test with the reason "ray extra not installed").
+The controller disconnects from Ray on :meth:`RayLauncher.stop` only when the launcher connected it (a notebook
+that called ``ray.init`` itself stays connected).
+
+Tested on a local Ray instance (tests/launch/test_ray.py: two simulated nodes, ``PACK`` on one machine, one
+training step and a verified sync; skipped with a reason where the ``ray`` extra is not installed). Not run here:
+a multi-machine Ray cluster, so ``STRICT_SPREAD`` placement and cross-node rendezvous are unexercised.
 """
 
 from __future__ import annotations
@@ -87,8 +91,11 @@ class RayLauncher:
         on_line: Callable[[str], None] | None,
         *,
         local_ranks: bool,
+        owns_connection: bool = False,
     ) -> None:
         self.actors = actors
+        self.actor_pids: list[int] = []  # the node launchers' worker processes (filled by start())
+        self._owns_connection = owns_connection
         self.placement_group = placement_group
         self.last_lines: deque[str] = deque(maxlen=200)
         self._rank_pids: list[int] = []
@@ -102,34 +109,55 @@ class RayLauncher:
     ) -> RayLauncher:
         """Connect to the cluster, reserve the placement group, start one node launcher per bundle."""
         import ray
-        from ray.util.placement_group import placement_group
+        from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        owns_connection = not ray.is_initialized()
         ray.init(address=launch.ray_address or "auto", ignore_reinit_error=True, log_to_driver=False)
         bundles, strategy = train_bundles(launch)
         group = placement_group(bundles, strategy=strategy, name="rlsdk-train")
-        await asyncio.wait_for(group.ready(), timeout=launch.start_timeout_s)
-        node_launcher = ray.remote(_NodeLauncher)
-        actors = [
-            node_launcher.options(
-                num_cpus=bundle["CPU"],
-                num_gpus=bundle.get("GPU", 0),
-                max_concurrency=2,  # terminate() must run while run() blocks
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=group, placement_group_bundle_index=index
-                ),
-            ).remote()
-            for index, bundle in enumerate(bundles)
-        ]
-        main_ip = await actors[0].node_ip.remote()
-        port = launch.main_process_port or await actors[0].free_port.remote()
-        spec = SlurmJobSpec.from_config(launch, main_process_port=port, output_path="", python=sys.executable)
-        command = node_command(spec, machine_rank_var=MACHINE_RANK_VAR)
-        pending = [
-            actor.run.remote(command, {**env, MACHINE_RANK_VAR: str(index), MAIN_IP_VAR: main_ip})
-            for index, actor in enumerate(actors)
-        ]
-        launcher = cls(actors, group, pending, on_line, local_ranks=launch.simulate_nodes_on_loopback)
+        actors: list[Any] = []
+        try:
+            await asyncio.wait_for(group.ready(), timeout=launch.start_timeout_s)
+            node_launcher = ray.remote(_NodeLauncher)
+            actors += [
+                node_launcher.options(
+                    num_cpus=bundle["CPU"],
+                    num_gpus=bundle.get("GPU", 0),
+                    max_concurrency=2,  # terminate() must run while run() blocks
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        placement_group=group, placement_group_bundle_index=index
+                    ),
+                ).remote()
+                for index, bundle in enumerate(bundles)
+            ]
+            main_ip = await actors[0].node_ip.remote()
+            port = launch.main_process_port or await actors[0].free_port.remote()
+            spec = SlurmJobSpec.from_config(launch, main_process_port=port, output_path="", python=sys.executable)
+            command = node_command(spec, machine_rank_var=MACHINE_RANK_VAR)
+            pending = [
+                actor.run.remote(command, {**env, MACHINE_RANK_VAR: str(index), MAIN_IP_VAR: main_ip})
+                for index, actor in enumerate(actors)
+            ]
+            launcher = cls(
+                actors,
+                group,
+                pending,
+                on_line,
+                local_ranks=launch.simulate_nodes_on_loopback,
+                owns_connection=owns_connection,
+            )
+            launcher.actor_pids = list(await asyncio.gather(*(actor.pid.remote() for actor in actors)))
+        except BaseException:
+            # Nothing reserved may outlive a failed start (a notebook's driver stays connected).
+            for actor in actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor)
+            with contextlib.suppress(Exception):
+                remove_placement_group(group)
+            if owns_connection:
+                ray.shutdown()
+            raise
         launcher._emit(f"ray: {len(actors)} node launchers ({strategy}), rendezvous {main_ip}:{port}")
         return launcher
 
@@ -168,7 +196,8 @@ class RayLauncher:
         return launcher_error(self.proc.returncode, self.last_lines, rank_log_lines)
 
     async def stop(self, grace_s: float = 10.0) -> int | None:
-        """Kill the node launchers (their ranks die with them, PR_SET_PDEATHSIG) and free the placement group."""
+        """Kill the node launchers (their ranks die with them, PR_SET_PDEATHSIG), free the placement group and,
+        when :meth:`start` connected this process to Ray, disconnect it. Idempotent."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
@@ -181,6 +210,9 @@ class RayLauncher:
             remove_placement_group(self.placement_group)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.proc.wait(), timeout=grace_s)
+        if self._owns_connection and ray.is_initialized():
+            ray.shutdown()
+        self._owns_connection = False
         return self.proc.returncode
 
 
@@ -197,6 +229,11 @@ class _NodeLauncher:
 
     def free_port(self) -> int:
         return free_port()
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
 
     def run(self, command: str, env: dict[str, str]) -> tuple[int, list[str]]:
         import subprocess

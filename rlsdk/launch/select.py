@@ -16,7 +16,7 @@ from rlsdk.config.errors import ConfigError
 from rlsdk.launch.local import LocalLauncher, RankProcessError
 
 if TYPE_CHECKING:
-    from rlsdk.config import LaunchConfig
+    from rlsdk.config import LaunchConfig, SessionConfig
 
 
 class Launcher(Protocol):
@@ -45,7 +45,8 @@ def check_runnable(launch: LaunchConfig) -> None:
 
     The train engine implements data parallelism only (``train.parallelism`` 'ddp' or 'fsdp2'); tensor and
     context parallel axes are declared (and the device mesh built for them, rlsdk/launch/topology.py) but no
-    model code shards over them yet.
+    model code shards over them yet. One inference replica only: the engine talks to one server, and routing
+    requests over several replicas is not written (the Slurm launcher can generate their commands).
     """
     # TODO(issue 9): wire tensor/context parallel axes into TrainEngine; until then refuse them at start.
     if launch.tensor_parallel_size > 1:
@@ -60,6 +61,14 @@ def check_runnable(launch: LaunchConfig) -> None:
             launch.context_parallel_size,
             "1 in this release (the train engine is data parallel only: train.parallelism 'ddp' or 'fsdp2')",
         )
+    # TODO(issue 9): route requests over several vLLM replicas; until then one replica runs end to end.
+    if launch.inference_replicas > 1:
+        raise ConfigError(
+            "LaunchConfig.inference_replicas",
+            launch.inference_replicas,
+            "1 in this release: routing requests over several vLLM replicas is not implemented yet (the slurm "
+            "scheduler generates their commands, rlsdk.launch.slurm.sbatch_script, but a Session uses one server)",
+        )
 
 
 async def start_launcher(
@@ -68,20 +77,27 @@ async def start_launcher(
     *,
     output_dir: Path,
     on_line: Callable[[str], None] | None = None,
+    config: SessionConfig | None = None,
 ) -> Any:
     """Start the train ranks with the launcher of ``launch.scheduler``; returns a :class:`Launcher`.
 
     'local': ``accelerate launch`` on this machine. 'slurm': an sbatch job whose script and output lie under
-    ``output_dir/launch/slurm``. 'ray': placement groups on the Ray cluster at ``launch.ray_address``.
+    ``output_dir/launch/slurm``; given the session ``config`` with ``inference.engine='vllm'`` and no
+    ``inference.url``, the job also runs the vLLM replica on a node of its own (the launcher's
+    ``wait_for_endpoint`` gives its URL). 'ray': placement groups on the Ray cluster at ``launch.ray_address``.
     Raises ConfigError for a topology this release cannot run (see :func:`check_runnable`).
     """
     check_runnable(launch)
     if launch.scheduler == "local":
         return await LocalLauncher.start(launch.num_ranks, env, on_line=on_line)
     if launch.scheduler == "slurm":
-        from rlsdk.launch.slurm import SlurmLauncher
+        from rlsdk.launch.slurm import ENDPOINTS_DIR, SlurmLauncher, VllmReplicaSpec
 
-        return await SlurmLauncher.start(launch, env, job_dir=output_dir / "launch" / "slurm", on_line=on_line)
+        job_dir = output_dir / "launch" / "slurm"
+        vllm = None
+        if config is not None and config.inference.engine == "vllm" and config.inference.url is None:
+            vllm = VllmReplicaSpec.from_config(config, endpoint_dir=str(job_dir / ENDPOINTS_DIR))
+        return await SlurmLauncher.start(launch, env, job_dir=job_dir, on_line=on_line, vllm=vllm)
     from rlsdk.launch.ray import RayLauncher
 
     return await RayLauncher.start(launch, env, on_line=on_line)

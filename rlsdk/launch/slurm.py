@@ -13,18 +13,29 @@ channel's address and the session secret, which therefore never appear in the sc
 ``launch.host``, which must be reachable from the compute nodes (see ``LaunchConfig.simulate_nodes_on_loopback``
 for the one-machine simulation the tests run with a fake Slurm, :mod:`rlsdk.testing.fake_slurm`).
 
-What is not run here: a real Slurm cluster. The generated scripts are snapshot-tested; the simulation runs them.
+vLLM replicas (``inference.engine='vllm'`` without ``inference.url``, when :func:`rlsdk.launch.select.start_launcher`
+is given the session config): the allocation grows by one node per replica (after the train nodes); the script
+starts each replica's server (the command rlsdk's local launcher runs, :func:`rlsdk.engine.inference.vllm_server.
+server_command`) with srun on its node, in the background, through :mod:`rlsdk.launch.vllm_replica`, which writes
+the replica's endpoint to ``OUTPUT/launch/slurm/endpoints/replica-R.json`` once it is healthy; the controller
+polls that file (:meth:`SlurmLauncher.wait_for_endpoint`) and attaches to the server by URL. Only one replica runs
+end to end: routing over several is not implemented, and ``start_launcher`` refuses ``inference_replicas > 1``.
+
+What is not run here: a real Slurm cluster. The generated scripts are snapshot-tested; the simulation runs them
+(with a stand-in for the vLLM server in the endpoint test).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import shlex
 import shutil
 import signal
 import socket
 import sys
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -36,12 +47,92 @@ from rlsdk.launch.topology import Topology
 from rlsdk.observe.logging import get_logger
 
 if TYPE_CHECKING:
-    from rlsdk.config import LaunchConfig
+    from rlsdk.config import LaunchConfig, SessionConfig
 
 logger = get_logger(__name__)
 
 # The shell variable the script sets to the first host of the allocation (machine rank 0).
 MAIN_IP_VAR = "RLSDK_MAIN_PROCESS_IP"
+
+
+# Where the replicas' endpoint files go, under the job directory.
+ENDPOINTS_DIR = "endpoints"
+
+
+@dataclass(frozen=True)
+class VllmReplicaSpec:
+    """vLLM servers on their own nodes of the job: one node per replica, after the train nodes.
+
+    Attributes:
+        replicas: Number of replicas (``launch.inference_replicas``); one node each (a replica's
+            ``inference_tensor_parallel_size`` GPUs fit on one node: the config checks it).
+        server_command: The server's command line without ``--host``/``--port`` (the replica wrapper,
+            :mod:`rlsdk.launch.vllm_replica`, appends the node's name and a port free there), its environment as
+            a leading ``env K=V ...``.
+        endpoint_dir: Where each replica's wrapper writes ``replica-R.json`` once healthy (shared with the
+            controller).
+        start_timeout_s: Seconds a replica's server may take to become healthy (``inference.server_start_timeout_s``).
+    """
+
+    replicas: int
+    server_command: tuple[str, ...]
+    endpoint_dir: str
+    start_timeout_s: float = 300.0
+
+    @classmethod
+    def from_config(cls, config: SessionConfig, *, endpoint_dir: str, python: str | None = None) -> VllmReplicaSpec:
+        """The replicas of ``config``: the local launcher's server flags, the weight transfer's server arguments
+        (the NCCL worker extension when ``launch.gpus_per_node > 0``) and ``--tensor-parallel-size`` above 1."""
+        from rlsdk.engine.inference.vllm_server import server_command, server_environment
+        from rlsdk.engine.inference.weight_transfer import weight_transfer_class
+
+        python = python or sys.executable
+        launch, inference = config.launch, config.inference
+        extra = list(weight_transfer_class(launch).SERVER_ARGS)
+        replaced = ("--host", "--port", *(arg for arg in extra if arg == "--worker-extension-cls"))
+        if launch.inference_tensor_parallel_size > 1:
+            extra += ["--tensor-parallel-size", str(launch.inference_tensor_parallel_size)]
+        command = server_command(config.model.path, 0, max_model_len=inference.max_model_len, python=python)
+        command = [*_without_options(command, replaced), *extra, *inference.extra_server_args]
+        env = [f"{key}={value}" for key, value in server_environment({}, inference.kv_cache_gib).items()]
+        return cls(
+            replicas=launch.inference_replicas,
+            server_command=("env", *env, *command),
+            endpoint_dir=endpoint_dir,
+            start_timeout_s=inference.server_start_timeout_s,
+        )
+
+
+def _without_options(command: list[str], options: tuple[str, ...]) -> list[str]:
+    """``command`` without each of ``options`` and its value."""
+    out: list[str] = []
+    skip = False
+    for arg in command:
+        if skip:
+            skip = False
+        elif arg in options:
+            skip = True
+        else:
+            out.append(arg)
+    return out
+
+
+def endpoint_path(endpoint_dir: str | Path, replica: int) -> Path:
+    """The endpoint file replica ``replica`` writes once healthy."""
+    return Path(endpoint_dir) / f"replica-{replica}.json"
+
+
+def replica_command(spec: SlurmJobSpec, replica: int, host_var: str) -> str:
+    """The srun task of vLLM replica ``replica``: the endpoint-reporting wrapper around the server command.
+    ``$host_var`` (the replica's node from the allocation) is expanded by the batch script."""
+    assert spec.vllm is not None
+    head = [
+        spec.python, "-m", "rlsdk.launch.vllm_replica",
+        "--replica", str(replica),
+        "--endpoint-file", str(endpoint_path(spec.vllm.endpoint_dir, replica)),
+    ]  # fmt: skip
+    tail = ["--start-timeout-s", f"{spec.vllm.start_timeout_s:g}", "--", *spec.vllm.server_command]
+    return f'{shlex.join(head)} --host "${host_var}" {shlex.join(tail)}'
 
 
 @dataclass(frozen=True)
@@ -60,6 +151,7 @@ class SlurmJobSpec:
         partition / account: ``--partition`` / ``--account``; None = omitted (the cluster's defaults).
         gpus_per_node: ``--gpus-per-node``; 0 = omitted (CPU ranks, gloo).
         module: The rank entry point (``python -m``).
+        vllm: vLLM replicas on nodes of their own (``--nodes`` grows by ``vllm.replicas``); None = none.
     """
 
     num_nodes: int
@@ -74,10 +166,17 @@ class SlurmJobSpec:
     account: str | None = None
     gpus_per_node: int = 0
     module: str = "rlsdk.worker"
+    vllm: VllmReplicaSpec | None = None
 
     @classmethod
     def from_config(
-        cls, launch: LaunchConfig, *, main_process_port: int, output_path: str, python: str | None = None
+        cls,
+        launch: LaunchConfig,
+        *,
+        main_process_port: int,
+        output_path: str,
+        python: str | None = None,
+        vllm: VllmReplicaSpec | None = None,
     ) -> SlurmJobSpec:
         topology = Topology.from_config(launch)
         return cls(
@@ -91,7 +190,13 @@ class SlurmJobSpec:
             partition=launch.slurm_partition,
             account=launch.slurm_account,
             gpus_per_node=launch.gpus_per_node,
+            vllm=vllm,
         )
+
+    @property
+    def total_nodes(self) -> int:
+        """``--nodes`` of the allocation: the train nodes, then one per vLLM replica."""
+        return self.num_nodes + (self.vllm.replicas if self.vllm is not None else 0)
 
 
 def node_command(spec: SlurmJobSpec, machine_rank_var: str = "SLURM_NODEID") -> str:
@@ -119,11 +224,12 @@ def node_command(spec: SlurmJobSpec, machine_rank_var: str = "SLURM_NODEID") -> 
 
 
 def sbatch_script(spec: SlurmJobSpec) -> str:
-    """The batch script: the allocation's ``#SBATCH`` lines, the rendezvous host, one srun step over all nodes."""
+    """The batch script: the allocation's ``#SBATCH`` lines, the rendezvous host, one srun step over the train
+    nodes and, with ``spec.vllm``, one background srun step per vLLM replica on the nodes after them."""
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={spec.job_name}",
-        f"#SBATCH --nodes={spec.num_nodes}",
+        f"#SBATCH --nodes={spec.total_nodes}",
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --cpus-per-task={spec.cpus_per_task}",
         f"#SBATCH --time={spec.time}",
@@ -143,7 +249,31 @@ def sbatch_script(spec: SlurmJobSpec) -> str:
         f'{MAIN_IP_VAR}="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"',
         f"export {MAIN_IP_VAR}",
         f'echo "rlsdk: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous ${MAIN_IP_VAR}:{spec.main_process_port}"',
-        f"srun --nodes={spec.num_nodes} --ntasks-per-node=1 --cpus-per-task={spec.cpus_per_task} \\",
+    ]
+    train_nodelist = ""
+    if spec.vllm is not None:
+        hosts = 'scontrol show hostnames "$SLURM_JOB_NODELIST"'
+        lines += [
+            f"# vLLM replicas: one node each after the {spec.num_nodes} train node(s), in the background; each writes",
+            f"# its endpoint to {spec.vllm.endpoint_dir}/replica-R.json once healthy (the controller polls it).",
+        ]
+        for replica in range(spec.vllm.replicas):
+            node = spec.num_nodes + replica + 1
+            var = f"RLSDK_VLLM_NODE_{replica}"
+            lines += [
+                f'{var}="$({hosts} | sed -n {node}p)"',
+                f'srun --nodes=1 --ntasks=1 --nodelist="${var}" --cpus-per-task={spec.cpus_per_task} \\',
+                "    --kill-on-bad-exit=1 --label \\",
+                f"    {replica_command(spec, replica, var)} &",
+            ]
+        lines += [
+            "# The replicas end with the training step (a real allocation would end them too, with the job).",
+            "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT",
+            f'RLSDK_TRAIN_NODES="$({hosts} | head -n {spec.num_nodes} | paste -sd, -)"',
+        ]
+        train_nodelist = ' --nodelist="$RLSDK_TRAIN_NODES"'
+    lines += [
+        f"srun --nodes={spec.num_nodes}{train_nodelist} --ntasks-per-node=1 --cpus-per-task={spec.cpus_per_task} \\",
         "    --kill-on-bad-exit=1 --label \\",
         f"    bash -c {shlex.quote(node_command(spec))}",
         "",
@@ -201,6 +331,7 @@ class SlurmLauncher:
         self._local_ranks = local_ranks
         self._job_known = asyncio.Event()
         self._reader = asyncio.get_running_loop().create_task(self._read_output())
+        self.vllm: VllmReplicaSpec | None = None  # the job's vLLM replicas (set by start())
 
     @classmethod
     async def start(
@@ -211,8 +342,13 @@ class SlurmLauncher:
         job_dir: Path,
         on_line: Callable[[str], None] | None = None,
         main_process_port: int | None = None,
+        vllm: VllmReplicaSpec | None = None,
     ) -> SlurmLauncher:
-        """Write the script under ``job_dir``, submit it and return once sbatch printed the job id."""
+        """Write the script under ``job_dir``, submit it and return once sbatch printed the job id.
+
+        ``vllm``: replicas to start on nodes of their own; their endpoints come back through
+        :meth:`wait_for_endpoint` (stale endpoint files of an earlier job are removed first).
+        """
         if shutil.which("sbatch", path=env.get("PATH")) is None:
             raise RuntimeError(
                 "launch.scheduler='slurm' needs sbatch on PATH (a Slurm login node); none found. On one machine, "
@@ -221,7 +357,10 @@ class SlurmLauncher:
         job_dir.mkdir(parents=True, exist_ok=True)
         port = main_process_port or launch.main_process_port or free_port()
         output_path = job_dir / "slurm-%j.out"
-        spec = SlurmJobSpec.from_config(launch, main_process_port=port, output_path=str(output_path))
+        spec = SlurmJobSpec.from_config(launch, main_process_port=port, output_path=str(output_path), vllm=vllm)
+        if vllm is not None:
+            for replica in range(vllm.replicas):
+                endpoint_path(vllm.endpoint_dir, replica).unlink(missing_ok=True)
         script = job_dir / "train.sbatch"
         script.write_text(sbatch_script(spec))
         cmd = [sys.executable, "-m", "rlsdk.launch.pdeathsig", "sbatch", "--wait", "--parsable", str(script)]
@@ -238,11 +377,56 @@ class SlurmLauncher:
             cwd=str(job_dir),
         )
         launcher = cls(proc, output_path, on_line, local_ranks=launch.simulate_nodes_on_loopback)
+        launcher.vllm = vllm
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(launcher._job_known.wait(), timeout=60.0)
         if launcher.job_id is None and proc.returncode is None:
             logger.warning("sbatch printed no job id within 60 s; the job cannot be cancelled by id")
         return launcher
+
+    @property
+    def vllm_replicas(self) -> int:
+        """vLLM replicas this job starts on nodes of their own (0: none; the Session starts or attaches one)."""
+        return self.vllm.replicas if self.vllm is not None else 0
+
+    async def wait_for_endpoint(self, replica: int = 0, *, timeout_s: float) -> str:
+        """The base URL (``http://NODE:PORT``) of vLLM replica ``replica`` once its server is healthy.
+
+        Polls the endpoint file the replica's wrapper writes (:mod:`rlsdk.launch.vllm_replica`). Raises
+        RuntimeError (with the job's last lines) when the wrapper reports that its server failed to start,
+        :class:`RankProcessError` when the job ends first, ``TimeoutError`` after
+        ``timeout_s`` (which must cover the job's wait in the queue and the server's start-up), ValueError when
+        this job starts no such replica.
+        """
+        if not 0 <= replica < self.vllm_replicas:
+            raise ValueError(f"replica {replica}: this Slurm job starts {self.vllm_replicas} vLLM replica(s)")
+        assert self.vllm is not None
+        path = endpoint_path(self.vllm.endpoint_dir, replica)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+                record = json.loads(path.read_text())
+                if self.job_id is None or record.get("job_id") in (None, self.job_id):
+                    if "error" in record:
+                        await asyncio.sleep(0.5)  # the output reader polls every 0.2 s: let it catch the last lines
+                        tail = "\n".join(list(self.last_lines)[-20:]) or "(no output)"
+                        raise RuntimeError(
+                            f"vLLM replica {replica} of slurm job {self.job_id} failed: {record['error']}. Last job "
+                            f"lines:\n{tail}"
+                        )
+                    logger.info("vLLM replica %d of slurm job %s serves at %s", replica, self.job_id, record["url"])
+                    return str(record["url"])
+            if self.proc.returncode is not None:
+                error = self.error()
+                error.add_note(f"the Slurm job ended before vLLM replica {replica} wrote its endpoint to {path}")
+                raise error
+            if time.monotonic() > deadline:
+                tail = "\n".join(list(self.last_lines)[-20:]) or "(no output)"
+                raise TimeoutError(
+                    f"vLLM replica {replica} of slurm job {self.job_id} wrote no endpoint to {path} within "
+                    f"{timeout_s:.0f} s (job still queued, or its server not healthy). Last job lines:\n{tail}"
+                )
+            await asyncio.sleep(0.2)
 
     async def _read_output(self) -> None:
         """sbatch's own output (the job id first), then the job's output file until sbatch exits."""

@@ -39,6 +39,7 @@ class Worker:
         self.rank = rank
         self.world_size = world_size
         self.engine: Any = None
+        self.nccl: Any = None  # NcclRankSide of broadcast_weights_nccl, made on first use
         # (done, total) of the running command, shown by the Session's progress bars (RankChannel.set_progress)
         self.report_progress = report_progress
         self.handlers: dict[str, Callable[[dict[str, Any]], Any]] = {
@@ -48,6 +49,7 @@ class Worker:
             "weight_info": self.weight_info,
             "export_weights": self.export_weights,
             "save_checkpoint": self.save_checkpoint,
+            "broadcast_weights_nccl": self.broadcast_weights_nccl,
             "raise": self.raise_error,
             "call_function": self.call_function,
         }
@@ -107,6 +109,17 @@ class Worker:
 
     def save_checkpoint(self, body: dict[str, Any]) -> list[str]:
         return self._require_engine().save_checkpoint(body["directory"], is_writer=self.rank == 0)
+
+    def broadcast_weights_nccl(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The trainer's half of the GPU weight sync (``launch.gpus_per_node > 0``): ``body["step"]`` is
+        'address', 'join', 'layout' or 'send' (see :class:`rlsdk.engine.inference.nccl_sync.NcclRankSide`).
+        Every rank runs every step ('layout' gathers the weights, a collective with 'fsdp2'); rank 0 answers,
+        the others return None. Needs CUDA and vLLM on rank 0."""
+        from rlsdk.engine.inference.nccl_sync import NcclRankSide
+
+        if self.nccl is None:
+            self.nccl = NcclRankSide(self.rank)
+        return self.nccl.handle(self._require_engine(), body)
 
 
 def main() -> None:

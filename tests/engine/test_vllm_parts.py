@@ -87,13 +87,6 @@ def test_cpu_head_size_check_rejects_the_default_tiny_policy_and_names_the_fix(t
         check_cpu_head_size(tiny_model_dir)
 
 
-def test_nccl_weight_transfer_is_a_documented_stub_naming_the_gpu_path() -> None:
-    from rlsdk.engine.inference.weight_transfer import NcclWeightTransfer
-
-    with pytest.raises(NotImplementedError, match="NCCL"):
-        NcclWeightTransfer()
-
-
 def test_session_config_with_vllm_and_bf16_model_raises_config_error_naming_model_dtype() -> None:
     from rlsdk.config import ModelConfig
 

@@ -41,20 +41,25 @@ class _FakeTrainer:
     async def join(self, rendezvous: NcclRendezvous, timeout_s: float) -> None:
         self.joined += 1
 
-    async def layout(self, version: int) -> list[dict[str, Any]]:
+    async def address(self, timeout_s: float) -> tuple[str, int]:
+        return "127.0.0.1", 29600
+
+    async def layout(self, version: int, timeout_s: float) -> list[dict[str, Any]]:
         return tensor_layout(self.state_dict)
 
     async def broadcast(self, version: int, timeout_s: float) -> dict[str, Any]:
         if self.hang:
             await asyncio.Event().wait()
         await self.wire.put(self.state_dict)
-        return {"checksum": state_dict_checksum(self.state_dict), "bytes": 0}
+        return {"version": version, "checksum": state_dict_checksum(self.state_dict), "bytes": 0}
 
 
 def _fake_rpc(trainer: _FakeTrainer, workers: int, corrupt: bool = False):
     async def rpc(method: str, kwargs: dict[str, Any], timeout_s: float) -> list[Any]:
         if method == "rlsdk_nccl_init":
             return [{"ok": True}] * workers
+        if method == "rlsdk_weight_info":
+            return [{"checksum": None}] * workers
         assert method == "rlsdk_nccl_receive"
         received = dict(await trainer.wire.get())
         assert [e["name"] for e in kwargs["layout"]] == sorted(received)

@@ -1,13 +1,15 @@
-"""Generated sbatch scripts and per-node launch commands, snapshot-tested for 1, 2 and 16 nodes."""
+"""Generated sbatch scripts and per-node launch commands, snapshot-tested for 1, 2 and 16 nodes, with and without
+vLLM replicas on nodes of their own."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from rlsdk.config import LaunchConfig
-from rlsdk.launch.slurm import SlurmJobSpec, node_command, parse_job_id, sbatch_script
+from rlsdk.config import InferenceConfig, LaunchConfig, ModelConfig, SessionConfig
+from rlsdk.launch.slurm import SlurmJobSpec, VllmReplicaSpec, node_command, parse_job_id, sbatch_script
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 
@@ -99,3 +101,74 @@ def test_parse_job_id_reads_sbatch_parsable_output(line: str, job_id: str) -> No
 def test_parse_job_id_rejects_an_error_message() -> None:
     with pytest.raises(RuntimeError, match="expected a job id"):
         parse_job_id("sbatch: error: Batch job submission failed\n")
+
+
+def _vllm_config(num_nodes: int) -> SessionConfig:
+    """The session config of CASES[num_nodes] with the vLLM engine; 16 nodes: 2 GPU replicas of 4 GPUs each."""
+    launch = CASES[num_nodes]
+    if num_nodes == 16:
+        launch = dataclasses.replace(launch, inference_replicas=2, inference_tensor_parallel_size=4)
+    return SessionConfig(
+        model=ModelConfig(path="/models/policy"),
+        launch=launch,
+        inference=InferenceConfig(engine="vllm", kv_cache_gib=4, max_model_len=2048, server_start_timeout_s=600.0),
+    )
+
+
+def _vllm_spec(num_nodes: int) -> SlurmJobSpec:
+    vllm = VllmReplicaSpec.from_config(
+        _vllm_config(num_nodes), endpoint_dir="/runs/exp/launch/slurm/endpoints", python="/opt/venv/bin/python"
+    )
+    return SlurmJobSpec.from_config(
+        CASES[num_nodes] if num_nodes != 16 else _vllm_config(16).launch,
+        main_process_port=29511,
+        output_path="/runs/exp/launch/slurm/slurm-%j.out",
+        python="/opt/venv/bin/python",
+        vllm=vllm,
+    )
+
+
+@pytest.mark.parametrize("num_nodes", [1, 2, 16])
+def test_sbatch_script_with_vllm_replicas_for_n_train_nodes_matches_its_snapshot(num_nodes: int) -> None:
+    spec = _vllm_spec(num_nodes)
+
+    script = sbatch_script(spec)
+
+    expected = (SNAPSHOTS / f"train_{num_nodes}_nodes_vllm.sbatch").read_text()
+    assert script == expected
+
+
+def test_sbatch_script_with_one_vllm_replica_allocates_a_node_after_the_train_nodes() -> None:
+    spec = _vllm_spec(2)
+
+    script = sbatch_script(spec)
+
+    assert "#SBATCH --nodes=3" in script
+    assert 'RLSDK_VLLM_NODE_0="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 3p)"' in script
+    assert '--host "$RLSDK_VLLM_NODE_0"' in script
+    assert "--endpoint-file /runs/exp/launch/slurm/endpoints/replica-0.json" in script
+    assert 'srun --nodes=2 --nodelist="$RLSDK_TRAIN_NODES"' in script
+
+
+def test_vllm_replica_command_uses_the_local_launchers_server_flags_without_host_or_port() -> None:
+    from rlsdk.engine.inference.vllm_server import server_command
+
+    local = server_command("/models/policy", 8000, max_model_len=2048, python="/opt/venv/bin/python")
+
+    replica = VllmReplicaSpec.from_config(_vllm_config(2), endpoint_dir="e", python="/opt/venv/bin/python")
+
+    command = list(replica.server_command)
+    assert command[0] == "env" and "VLLM_SERVER_DEV_MODE=1" in command and "VLLM_CPU_KVCACHE_SPACE=4" in command
+    assert command[command.index("/opt/venv/bin/python") :] == [
+        a for a in local if a not in ("--host", "127.0.0.1", "--port", "8000")
+    ]
+
+
+def test_vllm_replicas_on_gpu_nodes_load_the_nccl_worker_extension_with_their_tensor_parallel_size() -> None:
+    replica = VllmReplicaSpec.from_config(_vllm_config(16), endpoint_dir="e", python="p")
+
+    command = " ".join(replica.server_command)
+
+    assert replica.replicas == 2
+    assert "--worker-extension-cls rlsdk.engine.inference.nccl_sync.NcclWeightSyncExtension" in command
+    assert "--tensor-parallel-size 4" in command

@@ -3,10 +3,16 @@
 Three parts, one per process, plugged into the same :class:`~rlsdk.engine.inference.weight_transfer.WeightTransfer`
 interface as the CPU file path:
 
-- :class:`NcclWeightTransfer` (controller): ``push`` runs the worker receive (a ``/collective_rpc`` to
-  ``rlsdk_nccl_receive``) and the trainer send concurrently, bounded by ``timeout_s``, then verifies that every
-  worker's checksum equals the trainer's, exactly as :class:`FileWeightTransfer` does.
-- :class:`NcclWeightSender` (trainer rank 0): joins the trainer<->workers NCCL group as rank 0 through vLLM's
+- :class:`~rlsdk.engine.inference.weight_transfer.NcclWeightTransfer` (controller, in ``weight_transfer.py`` and
+  re-exported here): ``push`` runs the worker receive (a ``/collective_rpc`` to ``rlsdk_nccl_receive``) and the
+  trainer send concurrently, bounded by ``timeout_s``, then verifies the version and that every worker's checksum
+  equals the trainer's, exactly as :class:`FileWeightTransfer` does. The Session selects it when
+  ``launch.gpus_per_node > 0`` (:func:`~rlsdk.engine.inference.weight_transfer.select_weight_transfer`) and
+  reaches the trainer through the rank command ``broadcast_weights_nccl``
+  (:class:`~rlsdk.engine.inference.weight_transfer.RankCommandTrainer`).
+- :class:`NcclRankSide` (every train rank, behind that command) and :class:`NcclWeightSender` (trainer rank 0):
+  every rank takes part in gathering the full state dict; rank 0 copies it to its CUDA device, joins the
+  trainer<->workers NCCL group as rank 0 through vLLM's
   ``vllm.distributed.weight_transfer.nccl_common.trainer_init`` (a ``StatelessProcessGroup`` rendezvous on
   ``master_address:master_port``, then a ``PyNcclCommunicator``) and broadcasts each tensor in sorted name order.
 - :class:`NcclWeightSyncExtension` (vLLM worker, ``--worker-extension-cls``): joins as rank ``1 + worker rank``
@@ -26,55 +32,54 @@ checksum. The extension uses its building blocks (``worker_init_process_group``,
 ``trainer_init``) and adds the checksum. The receive here is unpacked (one broadcast per tensor); vLLM's packed
 producer/consumer is the next step for models with many small tensors.
 
-Import-safe on CPU: torch, CUDA and vLLM are imported inside the functions that use them. Not run here: these
-machines have no GPU, so only the controller half and the timeout helper are tested (tests/launch/
-test_nccl_sync.py); the GPU tests are marked ``gpu`` and skipped with that reason.
-
-TODO(issue 9): the trainer half needs a worker command (``rlsdk.worker``) that calls
-:meth:`NcclWeightSender.broadcast`, and the Session must build :class:`NcclWeightTransfer` when
-``launch.gpus_per_node > 0``; both live in files outside this change.
+Import-safe on CPU: torch's CUDA parts and vLLM are imported inside the functions that use them. Not run here:
+these machines have no GPU, so only the controller half, the rank command's steps (CUDA parts replaced by fakes)
+and the timeout helper are tested (tests/launch/test_nccl_sync.py, tests/launch/test_weight_transfer_select.py);
+the GPU tests are marked ``gpu`` and skipped with that reason. The train ranks themselves still run on CPU
+(``launch.backend='gloo'``), so rank 0 copies the gathered weights to its GPU before each broadcast.
 """
 
 from __future__ import annotations
 
-import asyncio
+import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from rlsdk.engine.inference.vllm_worker import WeightSyncExtension
-from rlsdk.engine.inference.weight_transfer import CollectiveRpc
+from rlsdk.engine.inference.weight_transfer import (
+    NCCL_RANK_COMMAND,
+    NCCL_WORKER_EXTENSION,
+    NcclRendezvous,
+    NcclWeightTransfer,
+    RankCommandTrainer,
+    TrainerEndpoint,
+    WeightSyncTimeoutError,
+)
 from rlsdk.observe.logging import get_logger
-from rlsdk.versioning import WeightMismatchError
+
+__all__ = [
+    "NCCL_RANK_COMMAND",
+    "NCCL_WORKER_EXTENSION",
+    "NcclRankSide",
+    "NcclRendezvous",
+    "NcclWeightSender",
+    "NcclWeightSyncExtension",
+    "NcclWeightTransfer",
+    "RankCommandTrainer",
+    "TrainerEndpoint",
+    "WeightSyncTimeoutError",
+    "call_with_timeout",
+    "cuda_state_dict",
+    "layout_bytes",
+    "rank_zero_address",
+    "tensor_layout",
+]
 
 logger = get_logger(__name__)
 
-NCCL_WORKER_EXTENSION = "rlsdk.engine.inference.nccl_sync.NcclWeightSyncExtension"
-
 T = TypeVar("T")
-
-
-class WeightSyncTimeoutError(TimeoutError):
-    """A side of an NCCL weight sync did not finish in time (a peer died or never joined)."""
-
-
-@dataclass(frozen=True)
-class NcclRendezvous:
-    """Where the trainer<->workers NCCL group meets: the trainer's host and a free port, and its size.
-
-    ``world_size`` = 1 (trainer rank 0) + every vLLM worker of every replica
-    (``inference_replicas x inference_tensor_parallel_size``).
-    """
-
-    master_address: str
-    master_port: int
-    world_size: int
-
-    def __post_init__(self) -> None:
-        if self.world_size < 2:
-            raise ValueError(f"world_size {self.world_size}: needs the trainer plus at least one vLLM worker")
 
 
 def tensor_layout(state_dict: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -127,94 +132,6 @@ def call_with_timeout(fn: Callable[[], T], timeout_s: float, what: str, on_timeo
     return box["value"]
 
 
-class TrainerEndpoint(Protocol):
-    """The controller's handle on trainer rank 0's :class:`NcclWeightSender` (through the control channel)."""
-
-    async def join(self, rendezvous: NcclRendezvous, timeout_s: float) -> None:
-        """Trainer rank 0 joins the NCCL group as rank 0."""
-        ...
-
-    async def layout(self, version: int) -> list[dict[str, Any]]:
-        """:func:`tensor_layout` of the weights of ``version`` (cheap: metadata only)."""
-        ...
-
-    async def broadcast(self, version: int, timeout_s: float) -> dict[str, Any]:
-        """Broadcast ``version``'s tensors; returns ``{"checksum", "bytes"}`` of what was sent."""
-        ...
-
-
-class NcclWeightTransfer:
-    """Controller half of the GPU path; a :class:`~rlsdk.engine.inference.weight_transfer.WeightTransfer`.
-
-    ``path`` in :meth:`push` is ignored (nothing goes through files). Raises :class:`WeightSyncTimeoutError` when
-    either side does not finish within ``timeout_s``, ``RuntimeError`` when a worker reports an error, and
-    :class:`~rlsdk.versioning.WeightMismatchError` when a worker's checksum differs from the trainer's.
-    """
-
-    name = "nccl"
-
-    def __init__(self, trainer: TrainerEndpoint, rendezvous: NcclRendezvous) -> None:
-        self.trainer = trainer
-        self.rendezvous = rendezvous
-        self._joined = False
-
-    def server_args(self) -> Sequence[str]:
-        return ("--worker-extension-cls", NCCL_WORKER_EXTENSION)
-
-    async def _bounded(self, what: str, timeout_s: float, *steps: Awaitable[Any]) -> list[Any]:
-        try:
-            return list(await asyncio.wait_for(asyncio.gather(*steps), timeout=timeout_s))
-        except TimeoutError:
-            self._joined = False
-            raise WeightSyncTimeoutError(
-                f"{what} did not finish within {timeout_s:.1f} s (trainer rank 0 or a vLLM worker died or never "
-                "joined); the NCCL group is re-initialised on the next sync"
-            ) from None
-
-    async def init(self, rpc: CollectiveRpc, timeout_s: float) -> None:
-        """Form the trainer<->workers NCCL group (both sides rendezvous at once)."""
-        r = self.rendezvous
-        kwargs = {
-            "master_address": r.master_address,
-            "master_port": r.master_port,
-            "world_size": r.world_size,
-            "timeout_s": timeout_s,
-        }
-        results, _ = await self._bounded(
-            "NCCL group init", timeout_s, rpc("rlsdk_nccl_init", kwargs, timeout_s), self.trainer.join(r, timeout_s)
-        )
-        _raise_worker_errors(results)
-        self._joined = True
-
-    async def push(self, rpc: CollectiveRpc, path: str, version: int, timeout_s: float) -> dict[str, Any]:
-        start = time.perf_counter()
-        if not self._joined:
-            await self.init(rpc, timeout_s)
-        layout = await self.trainer.layout(version)
-        receive = rpc("rlsdk_nccl_receive", {"layout": layout, "version": version, "timeout_s": timeout_s}, timeout_s)
-        results, sent = await self._bounded(
-            f"NCCL weight sync of v{version}", timeout_s, receive, self.trainer.broadcast(version, timeout_s)
-        )
-        _raise_worker_errors(results)
-        checksums = {r["checksum"] for r in results}
-        if checksums != {sent["checksum"]}:
-            raise WeightMismatchError(
-                f"NCCL weight sync of v{version}: trainer sent checksum {sent['checksum'][:12]}, workers loaded "
-                f"{sorted(c[:12] for c in checksums)}"
-            )
-        loaded = dict(results[0])
-        loaded["sync_s"] = time.perf_counter() - start
-        return loaded
-
-
-def _raise_worker_errors(results: Sequence[Any]) -> None:
-    errors = [r["error"] for r in results if isinstance(r, dict) and r.get("error")]
-    if errors:
-        raise RuntimeError("; ".join(errors))
-    if not results or not all(isinstance(r, dict) for r in results):
-        raise RuntimeError(f"vLLM workers returned {results!r}; expected one dict per worker")
-
-
 class NcclWeightSender:
     """Trainer rank 0's half: join the group as NCCL rank 0 and broadcast state dicts. CUDA and vLLM only."""
 
@@ -265,6 +182,86 @@ class NcclWeightSender:
         comm, self._comm = self._comm, None
         if comm is not None:
             comm.destroy()
+
+
+def cuda_state_dict(state_dict: Mapping[str, Any]) -> dict[str, Any]:
+    """``state_dict`` on this process's CUDA device (a no-op for tensors already there).
+
+    Raises RuntimeError when this process sees no CUDA device (``launch.gpus_per_node > 0`` declared GPUs the
+    trainer rank does not have).
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "the NCCL weight sync (launch.gpus_per_node > 0) needs a CUDA device on trainer rank 0; this rank sees "
+            "none (torch.cuda.is_available() is False). On CPU-only nodes set gpus_per_node=0 (file transfer)"
+        )
+    device = torch.device("cuda", torch.cuda.current_device())
+    return {name: tensor.detach().to(device).contiguous() for name, tensor in state_dict.items()}
+
+
+def rank_zero_address() -> str:
+    """Trainer rank 0's address as other nodes reach it: accelerate's ``MASTER_ADDR`` (the rendezvous host of
+    machine rank 0, i.e. this node), else loopback (one machine)."""
+    return os.environ.get("MASTER_ADDR") or "127.0.0.1"
+
+
+class NcclRankSide:
+    """The train ranks' half of the GPU path, behind the rank command :data:`NCCL_RANK_COMMAND`.
+
+    One instance per rank (the worker keeps it between commands). ``handle(engine, body)`` runs
+    ``body["step"]``, in the order the controller's :class:`NcclWeightTransfer` sends them:
+
+    - ``'address'``: rank 0 returns ``{"host", "port"}`` (:func:`rank_zero_address`, a port free now);
+    - ``'join'``: rank 0 joins the group (``master_address``, ``master_port``, ``world_size``, ``timeout_s``),
+      aborting a previous one;
+    - ``'layout'``: every rank takes part in gathering the full state dict (a collective with 'fsdp2'); rank 0
+      copies it to CUDA, keeps it for 'send' and returns ``{"version", "layout"}`` (:func:`tensor_layout`);
+    - ``'send'``: rank 0 broadcasts what 'layout' kept and returns ``{"version", "checksum", "bytes"}``.
+
+    Other ranks return None. ``sender_factory`` builds the :class:`NcclWeightSender` (tests pass a fake).
+    """
+
+    def __init__(self, rank: int, sender_factory: Callable[[], Any] | None = None) -> None:
+        self.rank = rank
+        self.sender: Any = None
+        self._sender_factory = sender_factory or NcclWeightSender
+        self._pending: tuple[int, dict[str, Any]] | None = None
+
+    def handle(self, engine: Any, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        step = body.get("step")
+        if step == "layout":
+            # Every rank: with 'fsdp2' the gather is a collective. TrainEngine has no public gather yet.
+            state_dict = engine._full_state_dict(keep=self.rank == 0)
+            if self.rank != 0:
+                return None
+            self._pending = (int(engine.version), cuda_state_dict(state_dict))
+            return {"version": self._pending[0], "layout": tensor_layout(self._pending[1])}
+        if step not in ("address", "join", "send"):
+            raise ValueError(f"{NCCL_RANK_COMMAND}: unknown step {step!r}; expected address, join, layout or send")
+        if self.rank != 0:
+            return None
+        if step == "address":
+            from rlsdk.launch.slurm import free_port
+
+            host = rank_zero_address()
+            return {"host": host, "port": free_port()}
+        if step == "join":
+            if self.sender is not None:
+                self.sender.abort()
+            self.sender = self._sender_factory()
+            rendezvous = NcclRendezvous(
+                str(body["master_address"]), int(body["master_port"]), world_size=int(body["world_size"])
+            )
+            self.sender.join(rendezvous, float(body["timeout_s"]))
+            return {"joined": True}
+        if self.sender is None or self._pending is None:
+            raise RuntimeError(f"{NCCL_RANK_COMMAND} 'send' before 'join' and 'layout' on trainer rank 0")
+        version, state_dict = self._pending
+        self._pending = None
+        sent = self.sender.broadcast(state_dict, float(body["timeout_s"]))
+        return {**sent, "version": version}
 
 
 class NcclWeightSyncExtension(WeightSyncExtension):

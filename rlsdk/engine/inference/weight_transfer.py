@@ -1,14 +1,27 @@
 """How published trainer weights reach a vLLM server: a small interface with a CPU (file) and a GPU (NCCL) path.
 
-The trainer publishes weights with ``TrainEngine.export_weights`` (a safetensors file under ``/dev/shm`` on this
-machine). A :class:`WeightTransfer` moves them into the server and reports the checksum of what the server
-loaded. The engine brackets every push with pause/resume and the version update; a transfer only moves bytes.
+CPU (:class:`FileWeightTransfer`): the trainer publishes weights with ``TrainEngine.export_weights`` (a safetensors
+file under ``/dev/shm`` on this machine) and every server worker reads that file. GPU (:class:`NcclWeightTransfer`):
+trainer rank 0 broadcasts its tensors over NCCL into every server worker (the rank and worker halves are in
+:mod:`rlsdk.engine.inference.nccl_sync`). Either way a transfer reports the checksum of what the server loaded,
+and the engine brackets every push with pause/resume and the version update; a transfer only moves bytes.
+:func:`select_weight_transfer` picks one from the launch topology.
+
+This module imports neither torch's CUDA parts nor vLLM: the controller builds transfers on any machine.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from rlsdk.versioning import WeightMismatchError
+
+if TYPE_CHECKING:
+    from rlsdk.config import LaunchConfig
 
 # (method, kwargs, timeout_s) -> one result per server worker
 CollectiveRpc = Callable[[str, dict[str, Any], float], Awaitable[list[Any]]]
@@ -38,9 +51,10 @@ class FileWeightTransfer:
     """
 
     name = "file"
+    SERVER_ARGS: tuple[str, ...] = ()
 
     def server_args(self) -> Sequence[str]:
-        return ()
+        return self.SERVER_ARGS
 
     async def push(self, rpc: CollectiveRpc, path: str, version: int, timeout_s: float) -> dict[str, Any]:
         results = await rpc("rlsdk_load_weights", {"path": path}, timeout_s)
@@ -55,28 +69,195 @@ class FileWeightTransfer:
         return dict(results[0])
 
 
-class NcclWeightTransfer:
-    """GPU path (not implemented): broadcast the trainer's tensors over NCCL into the server's workers.
+NCCL_WORKER_EXTENSION = "rlsdk.engine.inference.nccl_sync.NcclWeightSyncExtension"
 
-    The plan: vLLM's weight-transfer engine (``--weight-transfer-config``, ``/init_weight_transfer_engine``,
-    ``/start_weight_update``, ``/update_weights``, ``/finish_weight_update``) or a worker extension joining a
-    process group with trainer rank 0, which broadcasts each tensor; the worker feeds them to
-    ``reload_weights(weights_iterator=...)`` and checksums them as the file path does. Its backends are GPU-only,
-    so it cannot be built or tested on the CPU machines this project runs on.
+# The rank command (rlsdk.worker) that runs trainer rank 0's half of the GPU path.
+NCCL_RANK_COMMAND = "broadcast_weights_nccl"
+
+
+class WeightSyncTimeoutError(TimeoutError):
+    """A side of an NCCL weight sync did not finish in time (a peer died or never joined)."""
+
+
+@dataclass(frozen=True)
+class NcclRendezvous:
+    """Where the trainer<->workers NCCL group meets: trainer rank 0's host and a free port there, and its size.
+
+    ``world_size`` = 1 (trainer rank 0) + every vLLM worker of every replica
+    (``inference_replicas x inference_tensor_parallel_size``).
+    """
+
+    master_address: str
+    master_port: int
+    world_size: int
+
+    def __post_init__(self) -> None:
+        if self.world_size < 2:
+            raise ValueError(f"world_size {self.world_size}: needs the trainer plus at least one vLLM worker")
+
+
+class TrainerEndpoint(Protocol):
+    """The controller's handle on trainer rank 0's :class:`~rlsdk.engine.inference.nccl_sync.NcclWeightSender`."""
+
+    async def address(self, timeout_s: float) -> tuple[str, int]:
+        """Trainer rank 0's address as the vLLM workers reach it, and a port free there now."""
+        ...
+
+    async def join(self, rendezvous: NcclRendezvous, timeout_s: float) -> None:
+        """Trainer rank 0 joins the NCCL group as rank 0."""
+        ...
+
+    async def layout(self, version: int, timeout_s: float) -> list[dict[str, Any]]:
+        """``[{name, dtype, shape}]`` of the weights of ``version`` in broadcast order (gathers them on rank 0)."""
+        ...
+
+    async def broadcast(self, version: int, timeout_s: float) -> dict[str, Any]:
+        """Broadcast ``version``'s tensors; returns ``{"version", "checksum", "bytes"}`` of what was sent."""
+        ...
+
+
+class RankCommandTrainer:
+    """A :class:`TrainerEndpoint` over the control channel: each call is one :data:`NCCL_RANK_COMMAND` on every
+    rank (every rank takes part in gathering the weights with ``train.parallelism='fsdp2'``; rank 0 answers).
+
+    ``call(body, timeout_s)`` sends the command to every rank and returns their results (index = rank), e.g.
+    ``lambda body, t: session._broadcast("broadcast_weights_nccl", body, timeout_s=t)``.
+    """
+
+    def __init__(self, call: Callable[[dict[str, Any], float], Awaitable[list[Any]]]) -> None:
+        self._call = call
+
+    async def _rank0(self, body: dict[str, Any], timeout_s: float) -> Any:
+        return (await self._call(body, timeout_s))[0]
+
+    async def address(self, timeout_s: float) -> tuple[str, int]:
+        found = await self._rank0({"step": "address"}, timeout_s)
+        return str(found["host"]), int(found["port"])
+
+    async def join(self, rendezvous: NcclRendezvous, timeout_s: float) -> None:
+        body = {
+            "step": "join",
+            "master_address": rendezvous.master_address,
+            "master_port": rendezvous.master_port,
+            "world_size": rendezvous.world_size,
+            "timeout_s": timeout_s,
+        }
+        await self._rank0(body, timeout_s)
+
+    async def layout(self, version: int, timeout_s: float) -> list[dict[str, Any]]:
+        return list((await self._rank0({"step": "layout", "version": version}, timeout_s))["layout"])
+
+    async def broadcast(self, version: int, timeout_s: float) -> dict[str, Any]:
+        return dict(await self._rank0({"step": "send", "version": version, "timeout_s": timeout_s}, timeout_s))
+
+
+class NcclWeightTransfer:
+    """GPU path: trainer rank 0 broadcasts its tensors over NCCL into every vLLM worker; a :class:`WeightTransfer`.
+
+    ``push`` forms the group on first use (trainer rank 0's address and a free port there, from the trainer
+    unless ``rendezvous`` is given; the group size is 1 + the workers that answer), asks the trainer for the
+    layout of ``version``, then runs the worker receive (a ``/collective_rpc`` to ``rlsdk_nccl_receive`` of
+    :class:`~rlsdk.engine.inference.nccl_sync.NcclWeightSyncExtension`) and the trainer send concurrently, bounded
+    by ``timeout_s``. ``path`` is ignored: nothing goes through files. :attr:`last_sent` keeps what the trainer
+    sent (``version``, ``checksum``, ``bytes``) for the Session's own verification.
+
+    Raises :class:`WeightSyncTimeoutError` when either side does not finish within ``timeout_s`` (the group is
+    formed anew on the next push), ``RuntimeError`` when a worker reports an error, and
+    :class:`~rlsdk.versioning.WeightMismatchError` when the trainer sent another version than ``version`` or a
+    worker's checksum differs from the trainer's.
     """
 
     name = "nccl"
+    SERVER_ARGS: tuple[str, ...] = ("--worker-extension-cls", NCCL_WORKER_EXTENSION)
 
-    def __init__(self) -> None:
-        raise NotImplementedError(
-            "NcclWeightTransfer (GPU weight sync over NCCL through vLLM's weight-transfer engine) is not "
-            "implemented; on CPU use FileWeightTransfer"
+    def __init__(self, trainer: TrainerEndpoint, rendezvous: NcclRendezvous | None = None) -> None:
+        self.trainer = trainer
+        self.rendezvous = rendezvous
+        self._fixed_rendezvous = rendezvous is not None
+        self._joined = False
+        self.last_sent: dict[str, Any] = {}
+
+    def server_args(self) -> Sequence[str]:
+        return self.SERVER_ARGS
+
+    async def _bounded(self, what: str, timeout_s: float, *steps: Awaitable[Any]) -> list[Any]:
+        try:
+            return list(await asyncio.wait_for(asyncio.gather(*steps), timeout=timeout_s))
+        except TimeoutError:
+            self._joined = False
+            raise WeightSyncTimeoutError(
+                f"{what} did not finish within {timeout_s:.1f} s (trainer rank 0 or a vLLM worker died or never "
+                "joined); the NCCL group is re-initialised on the next sync"
+            ) from None
+
+    async def init(self, rpc: CollectiveRpc, timeout_s: float) -> None:
+        """Form the trainer<->workers NCCL group (both sides rendezvous at once)."""
+        if not self._fixed_rendezvous:
+            workers, (host, port) = await self._bounded(
+                "NCCL rendezvous set-up",
+                timeout_s,
+                rpc("rlsdk_weight_info", {}, timeout_s),
+                self.trainer.address(timeout_s),
+            )
+            self.rendezvous = NcclRendezvous(host, port, world_size=1 + len(workers))
+        r = self.rendezvous
+        assert r is not None
+        kwargs = {
+            "master_address": r.master_address,
+            "master_port": r.master_port,
+            "world_size": r.world_size,
+            "timeout_s": timeout_s,
+        }
+        results, _ = await self._bounded(
+            "NCCL group init", timeout_s, rpc("rlsdk_nccl_init", kwargs, timeout_s), self.trainer.join(r, timeout_s)
         )
+        _raise_worker_errors(results)
+        self._joined = True
 
-    def server_args(self) -> Sequence[str]:  # pragma: no cover - cannot be constructed
-        raise NotImplementedError
+    async def push(self, rpc: CollectiveRpc, path: str, version: int, timeout_s: float) -> dict[str, Any]:
+        start = time.perf_counter()
+        if not self._joined:
+            await self.init(rpc, timeout_s)
+        layout = await self.trainer.layout(version, timeout_s)
+        receive = rpc("rlsdk_nccl_receive", {"layout": layout, "version": version, "timeout_s": timeout_s}, timeout_s)
+        results, sent = await self._bounded(
+            f"NCCL weight sync of v{version}", timeout_s, receive, self.trainer.broadcast(version, timeout_s)
+        )
+        self.last_sent = dict(sent)
+        _raise_worker_errors(results)
+        if sent.get("version", version) != version:
+            raise WeightMismatchError(
+                f"NCCL weight sync of v{version}: trainer rank 0 sent v{sent['version']} (checksum "
+                f"{sent['checksum'][:12]})"
+            )
+        checksums = {r["checksum"] for r in results}
+        if checksums != {sent["checksum"]}:
+            raise WeightMismatchError(
+                f"NCCL weight sync of v{version}: trainer sent checksum {sent['checksum'][:12]}, workers loaded "
+                f"{sorted(c[:12] for c in checksums)}"
+            )
+        loaded = dict(results[0])
+        loaded["sync_s"] = time.perf_counter() - start
+        return loaded
 
-    async def push(
-        self, rpc: CollectiveRpc, path: str, version: int, timeout_s: float
-    ) -> dict[str, Any]:  # pragma: no cover
-        raise NotImplementedError
+
+def _raise_worker_errors(results: Sequence[Any]) -> None:
+    errors = [r["error"] for r in results if isinstance(r, dict) and r.get("error")]
+    if errors:
+        raise RuntimeError("; ".join(errors))
+    if not results or not all(isinstance(r, dict) for r in results):
+        raise RuntimeError(f"vLLM workers returned {results!r}; expected one dict per worker")
+
+
+def weight_transfer_class(launch: LaunchConfig) -> type[FileWeightTransfer] | type[NcclWeightTransfer]:
+    """The transfer for this topology: :class:`NcclWeightTransfer` when the nodes have GPUs
+    (``launch.gpus_per_node > 0``), else :class:`FileWeightTransfer` (shared memory on one host). Its
+    ``SERVER_ARGS`` are what a server started elsewhere (a Slurm replica) needs."""
+    return NcclWeightTransfer if launch.gpus_per_node > 0 else FileWeightTransfer
+
+
+def select_weight_transfer(launch: LaunchConfig, trainer: TrainerEndpoint) -> WeightTransfer:
+    """The transfer :func:`weight_transfer_class` picks, built; ``trainer`` reaches trainer rank 0 (NCCL only)."""
+    if weight_transfer_class(launch) is NcclWeightTransfer:
+        return NcclWeightTransfer(trainer)
+    return FileWeightTransfer()
