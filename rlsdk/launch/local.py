@@ -76,7 +76,20 @@ def accelerate_command(num_ranks: int, module: str = "rlsdk.worker") -> list[str
 
     ``--cpu`` would start one process (multi-process CPU needs MPI there); ``--multi_gpu`` with
     ``Accelerator(cpu=True)`` in the rank gives N gloo ranks. Port 0 lets the store pick a free port.
+    accelerate refuses ``--multi_gpu`` with one process: one rank runs with ``--cpu`` (its plain launcher sets no
+    torchrun variables; :func:`single_rank_environment` gives them).
     """
+    if num_ranks == 1:
+        return [
+            sys.executable, "-m", "rlsdk.launch.pdeathsig",
+            sys.executable, "-m", "accelerate.commands.launch",
+            "--cpu",
+            "--num_processes", "1",
+            "--num_machines", "1",
+            "--mixed_precision", "no",
+            "--dynamo_backend", "no",
+            "-m", module,
+        ]  # fmt: skip
     return [
         sys.executable, "-m", "rlsdk.launch.pdeathsig",
         sys.executable, "-m", "accelerate.commands.launch",
@@ -112,13 +125,14 @@ class LocalLauncher:
         """Start the ranks in the background; returns at once (ranks then connect to the control channel)."""
         cmd = accelerate_command(num_ranks, module)
         logger.debug("launching: %s", " ".join(cmd))
+        env = {**env, **single_rank_environment()} if num_ranks == 1 else dict(env)
         proc = await asyncio.create_subprocess_exec(
             *cmd,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
-            env=dict(env),
+            env=env,
         )
         logger.info("started %d train ranks (launcher pid %d)", num_ranks, proc.pid)
         return cls(proc, on_line)
@@ -199,6 +213,25 @@ async def _reap_ranks(pids: list[int], grace_s: float) -> None:
         logger.warning("rank process %d ignored SIGTERM; killing it", pid)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def single_rank_environment() -> dict[str, str]:
+    """The torchrun variables of a one-rank group (``accelerate launch --cpu`` sets none): rank 0 of 1, its
+    store on a free loopback port."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
 
 
 def rank_environment(base: Mapping[str, str], extra: Mapping[str, Any]) -> dict[str, str]:

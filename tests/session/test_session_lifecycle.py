@@ -114,3 +114,25 @@ def test_session_start_with_missing_model_dir_raises_config_error_before_any_pro
     assert str(missing) in str(info.value)
     children_after = {p.pid for p in psutil.Process(os.getpid()).children(recursive=True)}
     assert children_after <= children_before
+
+
+def test_session_with_one_rank_runs_a_verified_step_and_leaves_no_process(small_config: SessionConfig) -> None:
+    # accelerate refuses --multi_gpu with one process: a single rank runs through `accelerate launch --cpu`.
+    import dataclasses
+
+    from rlsdk.rewards import reverse_reward as reward
+
+    config = dataclasses.replace(small_config, launch=dataclasses.replace(small_config.launch, num_ranks=1))
+
+    async def scenario() -> tuple[int, dict, list[int]]:
+        async with await Session.start(config) as session:
+            pids = [info["pid"] for info in session.rank_info.values()] + [session._launcher.proc.pid]
+            await session.update(await session.reward(await session.rollout(), reward))
+            info = await session.sync_weights()
+            return info.version, dict(session.rank_info), pids
+
+    version, ranks, pids = asyncio.run(scenario())
+
+    assert version == 1
+    assert list(ranks) == [0] and ranks[0]["world_size"] == 1
+    assert not any(_alive(pid) for pid in pids)
