@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from rlsdk.algorithms import completion_logprobs, group_advantages, grpo_loss
+from rlsdk.algorithms import completion_logprobs, group_advantages, policy_loss
 from rlsdk.data import PromptSampler, build_tiny_policy, reverse_digits_dataset
 from rlsdk.engine.inference.protocol import SamplingParams
 from rlsdk.engine.inference.sampling import left_pad, sample_completions
@@ -67,6 +67,7 @@ def run_bare(
     micro_batch_size: int | None = None,
     temperature: float = 1.0,
     clip_eps: float = 0.2,
+    entropy_coef: float = 0.0,
     target_reward: float | None = None,
     target_window: int = 10,
     num_threads: int | None = 1,
@@ -135,15 +136,17 @@ def run_bare(
             loss_total = torch.zeros(())
             for lo in range(0, batch_size, micro):
                 hi = lo + micro
-                logprobs_B_C, _ = completion_logprobs(
+                logprobs_B_C, entropy_B_C = completion_logprobs(
                     model,
                     prompt_ids_B_P[lo:hi],
                     prompt_mask_B_P[lo:hi],
                     ids_B_C[lo:hi],
                     mask_B_C[lo:hi],
                     temperature=temperature,
+                    with_entropy=entropy_coef > 0,
+                    entropy_grad=entropy_coef > 0,
                 )
-                loss, _ = grpo_loss(
+                loss, _ = policy_loss(
                     logprobs_B_C,
                     old_logprobs_B_C[lo:hi],
                     advantages_B[lo:hi],
@@ -151,6 +154,8 @@ def run_bare(
                     clip_eps_low=clip_eps,
                     clip_eps_high=clip_eps,
                     num_tokens=num_tokens,
+                    entropy_coef=entropy_coef,
+                    entropy_B_C=entropy_B_C if entropy_coef > 0 else None,
                 )
                 loss.backward()
                 loss_total += loss.detach()
@@ -199,6 +204,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write per-step metrics here")
     parser.add_argument("--model-dir", type=Path, default=None, help="default: a fresh temporary directory")
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus (the recipe uses 0.01)")
     parser.add_argument("--max-new-tokens", type=int, default=5)
     parser.add_argument("--micro-batch-size", type=int, default=None)
     parser.add_argument("--threads", type=int, default=1)
@@ -222,6 +228,7 @@ def main() -> None:
             steps=args.steps,
             seed=args.seed,
             lr=args.lr,
+            entropy_coef=args.entropy_coef,
             max_new_tokens=args.max_new_tokens,
             micro_batch_size=args.micro_batch_size,
             target_reward=args.target,

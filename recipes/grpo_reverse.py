@@ -10,6 +10,12 @@ The loop is rollout -> reward -> update -> sync, one optimizer step per rollout 
   Dr. GRPO, Liu et al. 2025). Measured on this task (seeds 0/1/2, 2 ranks): with std scaling seed 0 plateaued at
   mean reward ~0.85 for 2000 steps (the policy stopped emitting one digit); without it seeds 0/1/2 reached 0.9 in
   973/526/748 steps;
+- an entropy bonus (``algorithm.entropy_coef = 0.01``; the GRPO paper has none). Measured with the bare loop
+  (benchmarks/bare_grpo.py's math, 1 process) on seeds 0-4: without it the default model (4 heads of 16) needed
+  hundreds more steps and the vLLM variant (2 heads of 32) missed 0.9 in 600 steps on seeds 0 and 1; with it the
+  default model reached 0.9 in 378/383/498/457/565 steps and the vLLM variant in 417/420/470/353 steps (seed 4
+  missed: 0.70 after 1000). The bonus keeps the policy sampling EOS long enough to discover stopping. This
+  recipe, seed 0: 231 steps (37 s) with the embedded engine, 322 steps with ``--inference.engine vllm``;
 - one policy update per batch, so the PPO ratio is ~1 and clipping only guards against engine/trainer drift;
 - training stops early once the moving mean reward reaches ``train.target_reward``.
 """
@@ -45,7 +51,7 @@ def config() -> SessionConfig:
     return SessionConfig(
         model=ModelConfig(path=DEFAULT_MODEL),
         train=TrainConfig(lr=1e-3, max_steps=2000, target_reward=0.9, micro_batch_size=128),
-        algorithm=AlgorithmConfig(scale_rewards=False),
+        algorithm=AlgorithmConfig(scale_rewards=False, entropy_coef=0.01),
         rollout=RolloutConfig(group_size=16, max_new_tokens=5, temperature=1.0),
         data=DataConfig(prompts_per_step=16, min_digits=3, max_digits=3),
         # One output root per run, so TensorBoard curves and checkpoints of separate runs never mix.
