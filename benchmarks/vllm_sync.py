@@ -1,12 +1,18 @@
 """vLLM engine: weight-sync latency against memcpy bandwidth, and rollout throughput against a raw HTTP client.
 
-1. Sync latency, update published -> engine verified: the trainer's weights are already in the published
-   safetensors file (``/dev/shm``); the clock runs over ``VLLMEngine.load_weights`` (pause -> worker reads the
-   file and ``reload_weights`` -> version -> prefix-cache reset -> resume -> ``weight_info`` check). Reported as
-   achieved bytes/s (weight bytes / latency) against this machine's memcpy bandwidth measured in the same run
-   (one large ``torch`` tensor copy). Target: >= 25%. The trainer's publish (``save_model`` to /dev/shm) is
-   timed separately. Models: the tiny policy (head_dim 32) and, unless ``--quick``, a ~113M-parameter
-   Qwen2-style model built locally with random init (hidden 768, 12 layers, 12 heads, MLP 3072).
+1. Sync latency, update published -> engine verified, for both CPU transfers side by side, each on its own server:
+   ``reload`` (:class:`FileWeightTransfer`: the worker reads the file and calls vLLM's ``reload_weights``, which
+   re-runs ``process_weights_after_loading`` and repacks every linear weight into oneDNN form) and ``inplace``
+   (:class:`InPlaceWeightTransfer`: a server whose linear layers keep plain weights; the worker copies the file into
+   the served parameters through the model's ``load_weights``). The trainer's weights are already in the published
+   safetensors file (``/dev/shm``); the clock runs over ``VLLMEngine.load_weights`` (pause -> transfer, with the
+   checksum of what was read on a second thread -> version -> prefix-cache reset -> resume -> ``weight_info``
+   check). Reported as achieved bytes/s (weight bytes / latency) against this machine's memcpy bandwidth measured in
+   the same run (one large ``torch`` tensor copy). Target: >= 25%. The trainer's publish (``save_model`` to
+   /dev/shm + checksum) is timed separately; the checksum's own cost (BLAKE3 as used, and the former SHA-256) is
+   measured on each model's state dict. Each server's generation speed (tokens/s, plain ``F.linear`` vs oneDNN
+   packed weights) is measured too. Models: the tiny policy (head_dim 32) and, unless ``--quick``, a
+   ~113M-parameter Qwen2-style model built locally with random init (hidden 768, 12 layers, 12 heads, MLP 3072).
 2. Rollout tokens/s through the Session (``session.rollout()``: tokenise, one ``n``-sample request per prompt,
    tensors out) against a raw ``httpx`` client sending the same requests to the same server. Target: ratio
    >= 0.9. Interleaved repetitions (A B A B ...).
@@ -48,24 +54,61 @@ def memcpy_bandwidth(nbytes: int = 256 << 20, reps: int = 5) -> float:
     return nbytes / best
 
 
-async def sync_latency(model_dir: Path, publish_dir: Path, reps: int) -> dict[str, object]:
+def hash_bandwidth(state_dict: dict[str, object], reps: int = 3) -> dict[str, float]:
+    """Bytes/s of ``state_dict_checksum`` (best of ``reps``) with BLAKE3 (as used) and SHA-256 (before)."""
+    from rlsdk.engine.weights import state_dict_checksum
+
+    nbytes = sum(t.numel() * t.element_size() for t in state_dict.values())  # type: ignore[attr-defined]
+    found = {}
+    for algorithm in ("blake3", "sha256"):
+        best = float("inf")
+        for _ in range(reps):
+            start = time.perf_counter()
+            state_dict_checksum(state_dict, algorithm)  # type: ignore[arg-type]
+            best = min(best, time.perf_counter() - start)
+        found[f"{algorithm}_bytes_per_s"] = nbytes / best
+    return found
+
+
+async def generation_speed(engine: object, vocab: int, reps: int = 3) -> float:
+    """Median tokens/s of 8 prompts x 8 samples x 16 tokens (temperature 1, fixed seeds) on ``engine``."""
+    from rlsdk.engine.inference.protocol import SamplingParams
+
+    prompts = [[(3 * i + j) % vocab for j in range(6)] for i in range(8) for _ in range(8)]
+    params = SamplingParams(max_new_tokens=16, temperature=1.0, seed=0)
+    await engine.generate(prompts, params)  # type: ignore[attr-defined]  # warm-up
+    rates = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        result = await engine.generate(prompts, params)  # type: ignore[attr-defined]
+        rates.append(float(result.completion_mask_B_C.sum()) / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+async def sync_latency(model_dir: Path, publish_dir: Path, reps: int, method: str) -> dict[str, object]:
+    """Sync latency through ``method``'s transfer ("reload" or "inplace") on a server started for it."""
     import torch
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM
 
+    from rlsdk.engine.inference.inplace_transfer import InPlaceWeightTransfer
     from rlsdk.engine.inference.vllm import VLLMEngine
+    from rlsdk.engine.inference.weight_transfer import FileWeightTransfer
     from rlsdk.engine.weights import state_dict_checksum
 
+    transfer = InPlaceWeightTransfer() if method == "inplace" else FileWeightTransfer()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     params = sum(p.numel() for p in model.parameters())
     start = time.perf_counter()
-    engine = await VLLMEngine.start(str(model_dir), kv_cache_gib=1)
+    engine = await VLLMEngine.start(str(model_dir), kv_cache_gib=1, transfer=transfer)
     start_s = time.perf_counter() - start
     publish: list[float] = []
     latency: list[float] = []
-    parts: dict[str, list[float]] = {"pause_s": [], "read_s": [], "load_s": [], "checksum_s": []}
+    keys = ("pause_s", "transfer_s", "read_s", "load_s", "checksum_s", "version_s", "resume_s", "verify_s")
+    parts: dict[str, list[float]] = {key: [] for key in keys}
     nbytes = 0
     try:
+        tokens_per_s = await generation_speed(engine, model.config.vocab_size)
         for version in range(1, reps + 1):
             with torch.no_grad():
                 for p in model.parameters():
@@ -83,18 +126,26 @@ async def sync_latency(model_dir: Path, publish_dir: Path, reps: int) -> dict[st
                 values.append(float(engine.last_sync.get(key) or 0.0))
             if info.version != version or info.checksum != checksum:
                 raise RuntimeError(f"sync v{version} not verified: {info}")
+            if bool(engine.last_sync.get("inplace")) != (method == "inplace"):
+                raise RuntimeError(f"{method} sync of v{version} took another path: {engine.last_sync}")
             path.unlink()
+        tokens_per_s_after = await generation_speed(engine, model.config.vocab_size)
     finally:
         await engine.close()
     return {
+        "method": method,
         "parameters": params,
         "bytes": nbytes,
         "server_start_s": start_s,
         "publish_s": summarize(publish),
         "sync_s": summarize(latency),
-        # Inside the sync: waiting for the pause, reading the file, vLLM's reload, and the checksum (which runs
-        # alongside the reload; checksum_s is from the end of the read until both are done).
+        # Inside the sync: waiting for the pause; the transfer (RPC round trip included), within it reading the
+        # file, vLLM's reload or the in-place copy, and the checksum (which runs alongside the load; checksum_s is
+        # from the end of the read until both are done); then version + prefix-cache reset, resume, read-back.
         "parts_median_s": {key: statistics.median(values) for key, values in parts.items()},
+        "generate_tokens_per_s": tokens_per_s,
+        "generate_tokens_per_s_after_syncs": tokens_per_s_after,
+        "hash": hash_bandwidth(model.state_dict()),
     }
 
 
@@ -167,28 +218,42 @@ async def main() -> None:
     models = {"tiny (head_dim 32)": build_tiny_policy(root / "tiny", seed=0, num_heads=2)}
     if not args.quick:
         models["~113M random init"] = build_tiny_policy(root / "big", seed=0, **BIG)
-    results: dict[str, object] = {"memcpy_bytes_per_s": memcpy, "sync": {}}
+    results: dict[str, object] = {"benchmark": "vllm_sync", "quick": args.quick}
+    results.update({"memcpy_bytes_per_s": memcpy, "sync": {}})
     rows = []
     for name, model_dir in models.items():
-        result = await sync_latency(model_dir, publish_dir, reps)
-        results["sync"][name] = result  # type: ignore[index]
-        median = result["sync_s"]["median"]  # type: ignore[index]
-        achieved = result["bytes"] / median  # type: ignore[operator]
-        result["achieved_bytes_per_s"] = achieved
-        result["fraction_of_memcpy"] = achieved / memcpy
-        print(
-            f"{name}: {result['parameters'] / 1e6:.1f}M params, {result['bytes'] / 1e6:.1f} MB; server start "
-            f"{result['server_start_s']:.1f} s; publish {result['publish_s']['median'] * 1e3:.1f} ms; "  # type: ignore[index]
-            f"sync {median * 1e3:.1f} ms = {achieved / 1e9:.3f} GB/s = {achieved / memcpy:.1%} of memcpy"
-        )
-        print(
-            "  inside the sync (median ms): "
-            + ", ".join(
-                f"{key[:-2]} {value * 1e3:.1f}"
-                for key, value in result["parts_median_s"].items()  # type: ignore[union-attr]
+        for method in ("reload", "inplace"):
+            result = await sync_latency(model_dir, publish_dir, reps, method)
+            results["sync"][f"{name} / {method}"] = result  # type: ignore[index]
+            median = result["sync_s"]["median"]  # type: ignore[index]
+            achieved = result["bytes"] / median  # type: ignore[operator]
+            result["achieved_bytes_per_s"] = achieved
+            result["fraction_of_memcpy"] = achieved / memcpy
+            hashes = result["hash"]
+            print(
+                f"{name} / {method}: {result['parameters'] / 1e6:.1f}M params, {result['bytes'] / 1e6:.1f} MB; "
+                f"server start {result['server_start_s']:.1f} s; publish "
+                f"{result['publish_s']['median'] * 1e3:.1f} ms; sync {median * 1e3:.1f} ms = "  # type: ignore[index]
+                f"{achieved / 1e9:.3f} GB/s = {achieved / memcpy:.1%} of memcpy"
             )
-        )
-        rows.append({"name": f"sync {name}", **{k: v * 1e3 for k, v in result["sync_s"].items() if k != "n"}})  # type: ignore[union-attr]
+            print(
+                "  inside the sync (median ms): "
+                + ", ".join(
+                    f"{key[:-2]} {value * 1e3:.1f}"
+                    for key, value in result["parts_median_s"].items()  # type: ignore[union-attr]
+                )
+                + f"; hash blake3 {hashes['blake3_bytes_per_s'] / 1e9:.2f} GB/s, sha256 "  # type: ignore[index]
+                f"{hashes['sha256_bytes_per_s'] / 1e9:.2f} GB/s; generate "  # type: ignore[index]
+                f"{result['generate_tokens_per_s']:.0f} tok/s (after syncs "
+                f"{result['generate_tokens_per_s_after_syncs']:.0f})"
+            )
+            rows.append(
+                {
+                    "name": f"sync {name} / {method}",
+                    **{k: v * 1e3 for k, v in result["sync_s"].items() if k != "n"},  # type: ignore[union-attr]
+                    "of memcpy": achieved / memcpy,
+                }
+            )
     print_table("sync latency (published -> verified)", rows, "ms")
     throughput = await rollout_throughput(models["tiny (head_dim 32)"], root / "session", reps)
     results["rollout"] = throughput

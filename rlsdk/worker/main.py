@@ -86,14 +86,25 @@ class Worker:
         # Every rank calls it (a collective with train.parallelism 'fsdp2'); only rank 0 computes the checksum.
         info = self.engine.weight_info(with_checksum=self.rank == 0)
         expected = self.engine.resumed_checksum
-        if "checksum" in info and expected is not None and info["checksum"] != expected:
+        loaded = info.get("checksum")
+        if expected is not None and self._legacy_checksum(expected):
+            # A checkpoint from before BLAKE3 recorded a SHA-256 digest: verify with the algorithm it names (one
+            # more pass over the weights, only on such a resume); the Session goes on with the current algorithm.
+            loaded = self.engine.weight_info(with_checksum=self.rank == 0, algorithm="sha256").get("checksum")
+        if loaded is not None and expected is not None and loaded != expected:
             from rlsdk.versioning import WeightMismatchError
 
             raise WeightMismatchError(
-                f"weights loaded from {body['resume_from']} have checksum {info['checksum'][:12]}, "
+                f"weights loaded from {body['resume_from']} have checksum {loaded[:12]}, "
                 f"the checkpoint recorded {expected[:12]}"
             )
         return info
+
+    @staticmethod
+    def _legacy_checksum(checksum: str) -> bool:
+        from rlsdk.engine.weights import CHECKSUM_ALGORITHM, checksum_algorithm
+
+        return checksum_algorithm(checksum) != CHECKSUM_ALGORITHM
 
     def update(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._require_engine().update(

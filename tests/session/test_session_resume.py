@@ -100,3 +100,53 @@ def test_session_start_resuming_from_a_missing_checkpoint_raises_config_error_be
 
     assert info.value.field == "train.resume_from"
     assert {p.pid for p in psutil.Process(os.getpid()).children(recursive=True)} <= children_before
+
+
+def _record_checksum(checkpoint: Path, checksum: str) -> None:
+    """Rewrite the weights checksum a checkpoint recorded (and its manifest entry), as an older rlsdk wrote it."""
+    import hashlib
+    import json
+
+    import torch
+
+    state_path = checkpoint / "trainer_state.pt"
+    state = torch.load(state_path, weights_only=False)
+    state["checksum"] = checksum
+    torch.save(state, state_path)
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    data = state_path.read_bytes()
+    manifest["files"]["trainer_state.pt"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest, indent=1))
+
+
+def test_session_resumes_a_checkpoint_with_a_legacy_sha256_checksum_and_rejects_a_wrong_one(
+    small_config: SessionConfig,
+) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlsdk.engine.weights import state_dict_checksum
+
+    async def save() -> Path:
+        async with await Session.start(small_config) as session:
+            await _steps(session, 1)
+            return await session.save_checkpoint()
+
+    checkpoint = asyncio.run(save())
+    model = AutoModelForCausalLM.from_pretrained(checkpoint / "model", dtype=torch.float32)
+    legacy = state_dict_checksum(model.state_dict(), "sha256")  # what rlsdk recorded before BLAKE3
+    resumed_config = dataclasses.replace(
+        small_config, train=dataclasses.replace(small_config.train, resume_from=str(checkpoint))
+    )
+
+    async def resume() -> tuple[int, str]:
+        async with await Session.start(resumed_config) as session:
+            return session.versions.trainer_version, session.versions.trainer_checksum
+
+    _record_checksum(checkpoint, legacy)
+    version, checksum = asyncio.run(resume())
+    _record_checksum(checkpoint, "0" * 64)
+    with pytest.raises(Exception, match="the checkpoint recorded 000000000000"):
+        asyncio.run(resume())
+
+    assert version == 1 and checksum.startswith("blake3:")

@@ -6,9 +6,11 @@ endpoint ``/inference/v1/generate`` (no detokenise/retokenise round trip). The s
 running (:meth:`VLLMEngine.attach`).
 
 A weight sync (:meth:`VLLMEngine.load_weights`) is: ``/pause?mode=wait`` (in-flight requests finish on the old
-weights; new ones queue) -> the weight transfer (the worker extension reloads the published file and checksums
-it) -> ``/update_weight_version`` -> ``/reset_prefix_cache`` -> ``/resume``, and ``/resume`` runs whatever
-happened before it. Every step has a timeout; a failure raises :class:`WeightSyncError` naming the version, the
+weights; new ones queue) -> the weight transfer (by default :class:`FileWeightTransfer`: the worker extension
+reloads the published file; opt-in :class:`~rlsdk.engine.inference.inplace_transfer.InPlaceWeightTransfer` copies
+it into plain served parameters; both checksum what they read) ->
+``/update_weight_version`` -> ``/reset_prefix_cache`` -> ``/resume``, and ``/resume`` runs whatever happened
+before it. Every step has a timeout; a failure raises :class:`WeightSyncError` naming the version, the
 server and the cause.
 
 Requires ``httpx`` (installed with the ``vllm`` extra); imported when an engine is built.
@@ -143,6 +145,8 @@ class VLLMEngine:
             InferenceServerError: the server exited during start-up or was not healthy in ``start_timeout_s``.
         """
         check_cpu_head_size(model_path)
+        # Default: vLLM's reload (oneDNN-packed weights: fastest generation). InPlaceWeightTransfer syncs faster but
+        # its plain F.linear weights generate ~2x slower on CPU (docs/howto/vllm.md, "Measured here").
         transfer = transfer if transfer is not None else FileWeightTransfer()
         pad_token_id, _ = model_token_ids(model_path)
         server = await VLLMServer.start(
@@ -368,6 +372,7 @@ class VLLMEngine:
             timeout = self._sync_timeout_s
             step = "pause"
             paused_s = float("nan")
+            marks: dict[str, float] = {}  # when each step ended, for last_sync's breakdown
             loaded: dict[str, Any] = {}
             failure: tuple[str, Exception] | None = None
             resume_failure: Exception | None = None
@@ -377,17 +382,20 @@ class VLLMEngine:
                     paused_s = time.perf_counter() - start
                     step = f"weight transfer ({self.transfer.name}) of {path}"
                     loaded = await self.transfer.push(self._rpc, path, version, timeout)
+                    marks["transfer"] = time.perf_counter()
                     # The prefix cache reset: KV blocks computed with the old weights must not be reused.
                     step = "update_weight_version and reset_prefix_cache"
                     await asyncio.gather(
                         self._post("/update_weight_version", json={"new_version": str(version)}, timeout_s=timeout),
                         self._post("/reset_prefix_cache", timeout_s=timeout),
                     )
+                    marks["version"] = time.perf_counter()
                 except Exception as exc:
                     failure = (step, exc)
             finally:  # also on cancellation: never leave the server paused
                 try:
                     await self._post("/resume", timeout_s=timeout)
+                    marks["resume"] = time.perf_counter()
                 except Exception as exc:
                     resume_failure = exc
             for error in (failure[1] if failure else None, resume_failure):
@@ -401,14 +409,22 @@ class VLLMEngine:
                     failure[1] if failure else resume_failure
                 )
             info = await self.weight_info()
+            end = time.perf_counter()
             self.last_sync = {
                 "version": version,
-                "seconds": time.perf_counter() - start,
+                "seconds": end - start,
                 "pause_s": paused_s,
+                # The steps after the pause: the transfer, version + prefix-cache reset, resume, and the read-back.
+                "transfer_s": marks["transfer"] - start - paused_s,
+                "version_s": marks["version"] - marks["transfer"],
+                "resume_s": marks["resume"] - marks["version"],
+                "verify_s": end - marks["resume"],
                 "bytes": loaded.get("bytes"),
                 "load_s": loaded.get("load_s"),
                 "read_s": loaded.get("read_s"),
                 "checksum_s": loaded.get("checksum_s"),
+                "inplace": bool(loaded.get("inplace")),
+                "fallback": loaded.get("fallback"),
             }
             logger.info(
                 "vLLM server at %s serves v%d (checksum %s, sync %.3f s)",

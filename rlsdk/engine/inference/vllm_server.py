@@ -64,7 +64,10 @@ def server_command(
     extra_args: Sequence[str] = (),
     python: str = sys.executable,
 ) -> list[str]:
-    """The server's command line (wrapped in ``rlsdk.launch.pdeathsig``)."""
+    """The server's command line (wrapped in ``rlsdk.launch.pdeathsig``); ``extra_args`` may name another
+    ``--worker-extension-cls`` (a weight transfer's own, e.g. the in-place one), which then replaces rlsdk's."""
+    own = "--worker-extension-cls" in extra_args
+    extension = [] if own else ["--worker-extension-cls", WORKER_EXTENSION]
     cmd = [
         python, "-m", "rlsdk.launch.pdeathsig",
         python, "-m", "vllm.entrypoints.openai.api_server",
@@ -77,7 +80,7 @@ def server_command(
         "--enforce-eager",
         "--enable-scale-out",  # token-in/out /inference/v1/generate, with per-token weight versions
         "--logprobs-mode", "processed_logprobs",  # log_softmax(logits / temperature), as the trainer computes
-        "--worker-extension-cls", WORKER_EXTENSION,
+        *extension,
         "--disable-uvicorn-access-log",
     ]  # fmt: skip
     if max_model_len is not None:

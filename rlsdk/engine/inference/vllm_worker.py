@@ -13,11 +13,87 @@ bit-identical bytes of the trainer's state dict. It cannot hash the in-memory se
 fuses projections (qkv, gate_up) and repacks every linear weight into an opaque oneDNN/SGL handle, leaving an
 empty ``weight`` parameter behind. The per-update trainer-vs-engine logprob agreement metric is the end-to-end
 check of the served weights.
+
+In-place updates (:meth:`WeightSyncExtension.rlsdk_update_weights_inplace`, used by
+:class:`~rlsdk.engine.inference.inplace_transfer.InPlaceWeightTransfer`): when the server's workers run
+:class:`~rlsdk.engine.inference.vllm_plain_worker.PlainWeightSyncExtension`, :func:`keep_plain_cpu_weights` patched
+vLLM's CPU GEMM dispatch before the model loaded, so every linear layer keeps its plain ``weight`` and runs
+``torch.nn.functional.linear``. New weights then go through the model's own ``load_weights`` (its weight loaders
+copy each tensor into its slice of the fused qkv/gate_up parameters) at memcpy speed, with no
+``process_weights_after_loading`` pass.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+# Whether keep_plain_cpu_weights() patched vLLM in this process, and the layers its patch left to vLLM (non-2-D
+# weights, which vLLM may still repack: an in-place update refuses to run when there are any).
+_PLAIN_WEIGHTS: dict[str, Any] = {"active": False, "delegated": []}
+
+
+def keep_plain_cpu_weights() -> bool:
+    """Make vLLM's CPU linear layers keep plain weights (``F.linear``) instead of oneDNN/SGL-packed copies.
+
+    Replaces ``vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm`` (called from the
+    ``process_weights_after_loading`` of ``UnquantizedLinearMethod`` and ``UnquantizedEmbeddingMethod``, which
+    import it from that module at call time) with a version that, for every 2-D weight, sets
+    ``layer.cpu_linear = torch.nn.functional.linear`` and keeps ``layer.weight``, as vLLM's own fallback and its
+    ``_cpu_skip_gemm_dispatch`` path do. Other layers go to vLLM's function unchanged and are recorded. Must run
+    in the worker process before the model loads (vLLM imports the worker extension in ``init_worker``, before
+    ``load_model``). Idempotent; returns False (and patches nothing) when vLLM is not installed or the platform
+    is not CPU.
+    """
+    if _PLAIN_WEIGHTS["active"]:
+        return True
+    try:
+        import torch
+        import vllm.model_executor.layers.utils as layer_utils
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    if not current_platform.is_cpu():
+        return False
+    original = layer_utils.dispatch_cpu_unquantized_gemm
+
+    def dispatch_plain(layer: Any, remove_weight: bool) -> None:
+        weight = layer.weight
+        if weight.is_meta or weight.ndim != 2:
+            if not weight.is_meta:
+                _PLAIN_WEIGHTS["delegated"].append(type(layer).__name__)
+            original(layer, remove_weight)
+            return
+        layer.cpu_linear = torch.nn.functional.linear
+
+    dispatch_plain.__wrapped__ = original  # type: ignore[attr-defined]
+    layer_utils.dispatch_cpu_unquantized_gemm = dispatch_plain
+    _PLAIN_WEIGHTS["active"] = True
+    return True
+
+
+def plain_weights_problem(model: Any) -> str | None:
+    """Why new weights cannot be copied into ``model`` in place, or None when they can.
+
+    In place needs :func:`keep_plain_cpu_weights` active before the model loaded, no layer left to vLLM's packing,
+    every linear layer on ``F.linear`` and no emptied (packed-away) parameter.
+    """
+    import torch
+
+    if not _PLAIN_WEIGHTS["active"]:
+        return (
+            "the server keeps packed weights (start it with --worker-extension-cls "
+            "rlsdk.engine.inference.vllm_plain_worker.PlainWeightSyncExtension)"
+        )
+    if _PLAIN_WEIGHTS["delegated"]:
+        return f"layers with non-2-D weights were left to vLLM's packing: {sorted(set(_PLAIN_WEIGHTS['delegated']))}"
+    for name, module in model.named_modules():
+        linear = module.__dict__.get("cpu_linear")
+        if linear is not None and linear is not torch.nn.functional.linear:
+            return f"{name} runs {getattr(linear, '__name__', linear)!r}, not F.linear on its plain weight"
+    for name, param in model.named_parameters():
+        if param.numel() == 0:
+            return f"parameter {name} is empty (its weight was packed away)"
+    return None
 
 
 def read_published_weights(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -87,6 +163,69 @@ class WeightSyncExtension:
             "read_s": read_s,
             "load_s": load_s,
             "checksum_s": time.perf_counter() - start - read_s,
+        }
+
+    def rlsdk_update_weights_inplace(self, path: str) -> dict[str, Any]:
+        """Copy the weights in the safetensors file at ``path`` into the served model's parameters, in place.
+
+        The model's own ``load_weights`` (vLLM's weight loaders: fused qkv/gate_up slices, tied embeddings) copies
+        every tensor into the existing parameter; nothing is re-processed. Needs plain weights
+        (:func:`plain_weights_problem`); the checksum of what was read runs on a second thread meanwhile.
+        Returns what :meth:`rlsdk_load_weights` returns. Never raises: ``{"error": ..., "loaded": bool}``, where
+        ``loaded`` False means the served weights were not touched (e.g. the server keeps packed weights) and
+        True that they may be partly new (the recorded checksum is then cleared).
+        """
+        import time
+        from concurrent.futures import ThreadPoolExecutor
+
+        import torch
+
+        from rlsdk.engine.weights import state_dict_checksum
+
+        start = time.perf_counter()
+        try:
+            model = self.model_runner.get_model()  # type: ignore[attr-defined]
+            problem = plain_weights_problem(model)
+        except Exception as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem is not None:
+            return {"error": f"in-place update of {path} unavailable: {problem}", "loaded": False, "unsupported": True}
+        try:
+            tensors, state_dict = read_published_weights(path)
+        except Exception as exc:
+            return {"error": f"reading {path}: {type(exc).__name__}: {exc}", "loaded": False}
+        read_s = time.perf_counter() - start
+        expected = {name for name, _ in model.named_parameters()}
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlsdk-checksum") as pool:
+            pending = pool.submit(state_dict_checksum, state_dict)
+            try:
+                from vllm.config import set_current_vllm_config
+
+                with torch.no_grad(), set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+                    loaded = model.load_weights(iter(state_dict.items()))
+                missing = expected - set(loaded or ())
+                if missing:
+                    raise RuntimeError(f"{len(missing)} parameters not in the file: {sorted(missing)[:5]}")
+            except Exception as exc:
+                self._rlsdk_checksum = None
+                pending.cancel()
+                return {"error": f"in-place load_weights from {path}: {type(exc).__name__}: {exc}", "loaded": True}
+            load_s = time.perf_counter() - start - read_s
+            try:
+                checksum = pending.result()
+            except Exception as exc:
+                self._rlsdk_checksum = None
+                return {"error": f"checksum of {path}: {type(exc).__name__}: {exc}", "loaded": True}
+        self._rlsdk_checksum = checksum
+        self._rlsdk_path = path
+        return {
+            "checksum": checksum,
+            "path": path,
+            "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
+            "read_s": read_s,
+            "load_s": load_s,
+            "checksum_s": time.perf_counter() - start - read_s,
+            "inplace": True,
         }
 
     def rlsdk_weight_info(self) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import torch
 
 from rlsdk.algorithms import completion_logprobs, policy_loss
 from rlsdk.config import SessionConfig
-from rlsdk.engine.weights import state_dict_checksum
+from rlsdk.engine.weights import CHECKSUM_ALGORITHM, ChecksumAlgorithm, state_dict_checksum
 from rlsdk.observe.logging import get_logger, set_log_context
 
 logger = get_logger(__name__)
@@ -299,14 +299,17 @@ class TrainEngine:
                 self.on_progress(index + 1, len(starts))
         return torch.cat([sums, maxima])
 
-    def weight_info(self, *, with_checksum: bool = True) -> dict[str, Any]:
-        """``{"version", "checksum"}`` (``state_dict_checksum`` of the full state dict); without
-        ``with_checksum`` only ``{"version"}``. Every rank calls it: with 'fsdp2' the checksum needs the
-        gathered weights (a collective), and ranks without ``with_checksum`` only take part."""
+    def weight_info(
+        self, *, with_checksum: bool = True, algorithm: ChecksumAlgorithm = CHECKSUM_ALGORITHM
+    ) -> dict[str, Any]:
+        """``{"version", "checksum"}`` (``state_dict_checksum`` of the full state dict, with ``algorithm``:
+        ``"sha256"`` only to verify a checkpoint recorded before BLAKE3); without ``with_checksum`` only
+        ``{"version"}``. Every rank calls it: with 'fsdp2' the checksum needs the gathered weights (a
+        collective), and ranks without ``with_checksum`` only take part."""
         state_dict = self._full_state_dict(keep=with_checksum)
         if state_dict is None:
             return {"version": self.version}
-        return {"version": self.version, "checksum": state_dict_checksum(state_dict)}
+        return {"version": self.version, "checksum": state_dict_checksum(state_dict, algorithm)}
 
     def export_weights(self, publish_dir: str, *, is_writer: bool = True) -> dict[str, Any]:
         """Write the current weights to ``publish_dir/v{version}.safetensors`` (atomic rename) with a checksum.

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rlsdk import StaleRolloutError
+from rlsdk.engine.inference.inplace_transfer import InPlaceWeightTransfer
 from rlsdk.engine.inference.protocol import SamplingParams
 from rlsdk.rewards import reverse_reward
 
@@ -70,6 +71,7 @@ def test_vllm_update_then_sync_changes_served_version_and_checksum_to_the_traine
 
     stats, rollout, info = vllm_session.run(step())
     served = vllm_session.run(session.engine.weight_info())
+    last_sync = dict(session.engine.last_sync)
     trainer_version, trainer_checksum = session.versions.trainer_version, session.versions.trainer_checksum
     after_sync_stats, _, _ = vllm_session.run(step())  # trained on samples from the synced weights
 
@@ -80,6 +82,8 @@ def test_vllm_update_then_sync_changes_served_version_and_checksum_to_the_traine
     assert served.checksum == trainer_checksum
     assert served.checksum != before.checksum
     assert after_sync_stats["agreement/logprob_absdiff_max"] < 1e-4  # the served weights are the synced ones
+    # The in-place transfer (plain weights in the server) copied the weights instead of falling back to a reload.
+    assert last_sync["inplace"] == isinstance(session.engine.transfer, InPlaceWeightTransfer)
 
 
 def test_vllm_skipped_sync_is_caught_before_next_update_naming_both_versions(vllm_session: LoopSession) -> None:
