@@ -17,7 +17,7 @@ $(VENV)/.stamp-base: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.stamp-dev: pyproject.toml $(VENV)/.stamp-base
-	$(PIP) install -q -e ".[dev,notebook,browser,math,ray]"
+	$(PIP) install -q -e ".[dev,notebook,browser,math,ray,bench]"
 	-[ -d .git ] && $(BIN)/pre-commit install >/dev/null
 	touch $@
 
@@ -50,12 +50,23 @@ $(VENV)/.stamp-bench: pyproject.toml $(VENV)/.stamp-base
 	$(PIP) install -q -e ".[bench]"
 	touch $@
 
-# ARGS go to every benchmark; trl_compare takes only --quick from them and, when ARGS ask for JSON, writes its
-# figures to their own file (never over session_overhead.json).
-bench: $(VENV)/.stamp-dev $(VENV)/.stamp-bench
-	$(BIN)/python benchmarks/session_overhead.py $(ARGS)
-	$(BIN)/python benchmarks/trl_compare.py $(filter --quick,$(ARGS)) \
-		$(if $(findstring --json,$(ARGS)),--json benchmarks/results/trl_compare.json)
+# Every benchmark in benchmarks/, one after the other, each writing benchmarks/results/NAME.json, then the plots
+# (docs/img/benchmarks/*.png, which docs/benchmarks.md shows). Needs the bench (TRL), vllm and docs (matplotlib)
+# extras. `make bench ARGS=--quick` runs the smoke variants into a fresh temporary folder instead (never over the
+# committed results). A failing benchmark does not stop the others; make fails at the end and names it.
+BENCHMARKS := session_overhead tracer_overhead dashboard_logs vllm_sync async_rollouts algorithms trl_compare scaling soak
+
+bench: $(VENV)/.stamp-dev $(VENV)/.stamp-bench $(VENV)/.stamp-vllm $(VENV)/.stamp-docs
+	@set -u; failed=""; \
+	if [ -n "$(filter --quick,$(ARGS))" ]; then out=$$(mktemp -d -t rlsdk-bench-XXXXXX); img=$$out/img; \
+	else out=benchmarks/results; img=docs/img/benchmarks; fi; \
+	for name in $(BENCHMARKS); do \
+		echo "== benchmarks/$$name.py $(filter --quick,$(ARGS)) --json $$out/$$name.json"; \
+		$(BIN)/python benchmarks/$$name.py $(filter --quick,$(ARGS)) --json $$out/$$name.json || failed="$$failed $$name"; \
+	done; \
+	$(BIN)/python benchmarks/plots.py --results $$out --out $$img || failed="$$failed plots"; \
+	echo "results in $$out, plots in $$img"; \
+	if [ -n "$$failed" ]; then echo "FAILED:$$failed"; exit 1; fi
 
 $(VENV)/.stamp-docs: pyproject.toml $(VENV)/.stamp-base
 	$(PIP) install -q -e ".[docs]"

@@ -89,7 +89,7 @@ async def run_once(config: SessionConfig, target: float) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 seed, 25 steps, no target (a smoke test)")
+    parser.add_argument("--quick", action="store_true", help="1 seed, 12 steps, no target (a smoke test)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--max-steps", type=int, default=1500)
     parser.add_argument("--target", type=float, default=0.9)
@@ -103,7 +103,7 @@ def main() -> None:
     args = parser.parse_args()
     seeds, max_steps, target = args.seeds, args.max_steps, args.target
     if args.quick:
-        seeds, max_steps, target = seeds[:1], 25, 2.0  # unreachable: a fixed number of steps
+        seeds, max_steps, target = seeds[:1], 12, 2.0  # unreachable: a fixed number of steps
 
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     with tempfile.TemporaryDirectory(prefix="rlsdk-bench-async-") as tmp:

@@ -10,14 +10,13 @@ Reports: records/s delivered, records/s displayed (records the widget had render
 until the newest record was shown), widget renders, render time, loop lag p50/p99/max. Target: lag p99 < 100 ms.
 The status part of the dashboard reads a stand-in object (no ranks are started): this measures the log path.
 
-Usage: ``python benchmarks/dashboard_logs.py [--records 10000] [--ranks 4] [--batch 50] [--json PATH]``.
+Usage: ``python benchmarks/dashboard_logs.py [--quick] [--records 10000] [--ranks 4] [--batch 50] [--json PATH]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import statistics
 import sys
@@ -136,19 +135,25 @@ def run_in_kernel(records: int, ranks: int, batch: int, interval_s: float) -> di
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=int, default=10_000)
+    parser.add_argument("--quick", action="store_true", help="1,000 records: a smoke test, not a measurement")
+    parser.add_argument("--records", type=int, default=None, help="default 10,000; --quick: 1,000")
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--batch", type=int, default=50, help="records per channel message")
     parser.add_argument("--interval", type=float, default=1.0, help="dashboard refresh interval (s)")
-    parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--json", help="also write the results (and the environment) to this file")
     args = parser.parse_args()
-    result = run_in_kernel(args.records, args.ranks, args.batch, args.interval)
+    records = args.records or (1_000 if args.quick else 10_000)
+    result = run_in_kernel(records, args.ranks, args.batch, args.interval)
     for key, value in result.items():
         print(f"{key:>28}: {value:,.2f}")
     verdict = "meets" if result["lag_ms_p99"] < 100 else "MISSES"
     print(f"event-loop lag p99 {result['lag_ms_p99']:.1f} ms {verdict} the 100 ms target")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    from _harness import write_json  # this script's folder is on sys.path (also in the kernel, see run_in_kernel)
+
+    write_json(
+        args.json,
+        {"benchmark": "dashboard_logs", "quick": args.quick, "ranks": args.ranks, "batch": args.batch, **result},
+    )
     return 0
 
 

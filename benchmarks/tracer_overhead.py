@@ -172,7 +172,7 @@ def main() -> None:
     parser.add_argument("--skip-recipe", action="store_true", help="skip (4), the two-Session recipe comparison")
     args = parser.parse_args()
     calls, steps = (2000, 30) if args.quick else (20000, 300)
-    rounds, warmup = (20, 3) if args.quick else (300, 10)
+    rounds, warmup = (8, 2) if args.quick else (300, 10)
 
     record = record_cost_us(calls)
     per_rank = run_gloo_ranks(_ranks, 2, calls // 4, steps, timeout_s=600)

@@ -11,13 +11,15 @@ all from the same tiny policy (``rlsdk.data.build_tiny_policy(path, seed=seed)``
   ranks (1 torch thread each, the default), the embedded engine in the controller (torch's default threads),
   rollout -> reward -> update -> sync per step, exactly the recipe's loop (without its progress bar and final
   checkpoint, which are not timed);
-- ``rlsdk_async``: the same config with ``rollout.max_staleness = 1`` and the overlapped loop (the next rollout is
-  started before ``update``, so the engine generates step n+1 from weights one version old while the ranks train
-  step n; the embedded engine serialises that generation and the following weight load in call order).
+- ``rlsdk_async``: the same config with ``rollout.mode = 'async'`` and ``rollout.max_staleness = 1``, and the same
+  plain loop: the Session starts generating batch n+1 in the background when ``rollout()`` hands out batch n, so
+  the engine generates it (from weights one version old) while the ranks train step n; a sync that lands during
+  that generation is applied between decode steps (see docs/howto/async.md).
 
 Shared hyper-parameters: 16 prompts x 16 samples per step, at most 5 new tokens, temperature 1.0 (no top-k/top-p),
-AdamW lr 1e-3 constant, betas (0.9, 0.999), no weight decay, grad-norm clip 1.0, PPO clip 0.2 both sides, no KL
-(beta 0, no reference model), advantages = reward - group mean (no std scaling), loss = token mean over all
+AdamW lr 1e-3 constant, betas (0.9, 0.999), no weight decay, grad-norm clip 1.0, PPO clip 0.2 both sides,
+entropy bonus 0.01 (the recipe's ``algorithm.entropy_coef``, TRL's ``entropy_coef``), no KL (beta 0, no
+reference model), advantages = reward - group mean (no std scaling), loss = token mean over all
 completion tokens of the step's batch, one optimizer step per generation batch (on-policy, except ``rlsdk_async``).
 
 Every run stops when the 10-step moving mean reward reaches the target (0.9) or at the step cap (1000). Per run:
@@ -92,6 +94,7 @@ GROUP_SIZE = 16
 MAX_NEW_TOKENS = 5
 TEMPERATURE = 1.0
 LR = 1e-3
+ENTROPY_COEF = 0.01  # the recipe's algorithm.entropy_coef; TRL's entropy_coef is the same mean per-token bonus
 NUM_EXAMPLES = 10000  # DataConfig's default, which the recipe keeps
 TARGET_WINDOW = 10
 WARMUP = 5
@@ -115,6 +118,7 @@ TRL_SETTINGS: dict[str, Any] = {
     "max_grad_norm": 1.0,
     "beta": 0.0,
     "epsilon": 0.2,
+    "entropy_coef": ENTROPY_COEF,
     "scale_rewards": "none",
     "loss_type": "dapo",
     "mask_truncated_completions": False,
@@ -252,6 +256,7 @@ def worker_bare(model_dir: Path, seed: int, max_steps: int, target: float, threa
         prompts_per_step=PROMPTS_PER_STEP,
         group_size=GROUP_SIZE,
         lr=LR,
+        entropy_coef=ENTROPY_COEF,
         max_new_tokens=MAX_NEW_TOKENS,
         temperature=TEMPERATURE,
         target_reward=target,
@@ -264,7 +269,7 @@ def worker_bare(model_dir: Path, seed: int, max_steps: int, target: float, threa
     return _summary("bare", seed, threads, setup_s, times, [m["reward_mean"] for m in history], target)
 
 
-def _recipe_config(model_dir: Path, out_dir: Path, seed: int, max_steps: int, target: float, staleness: int) -> Any:
+def _recipe_config(model_dir: Path, out_dir: Path, seed: int, max_steps: int, target: float, mode: str) -> Any:
     spec = importlib.util.spec_from_file_location("grpo_reverse_recipe", ROOT / "recipes" / "grpo_reverse.py")
     assert spec is not None and spec.loader is not None
     recipe = importlib.util.module_from_spec(spec)
@@ -274,14 +279,14 @@ def _recipe_config(model_dir: Path, out_dir: Path, seed: int, max_steps: int, ta
         config,
         model=dataclasses.replace(config.model, path=str(model_dir)),
         train=dataclasses.replace(config.train, max_steps=max_steps, target_reward=target),
-        rollout=dataclasses.replace(config.rollout, max_staleness=staleness),
+        rollout=dataclasses.replace(config.rollout, mode=mode, max_staleness=1 if mode == "async" else 0),
         observe=dataclasses.replace(config.observe, output_dir=str(out_dir)),
         seed=seed,
     )
 
 
-async def _rlsdk_loop(config: Any, t0: float, overlap: bool) -> tuple[float, list[float], list[float]]:
-    """The recipe's loop; with ``overlap`` the next rollout is generated while the ranks run ``update``."""
+async def _rlsdk_loop(config: Any, t0: float) -> tuple[float, list[float], list[float]]:
+    """The recipe's loop, rollout -> reward -> update -> sync (``rollout.mode`` decides whether it overlaps)."""
     from rlsdk import Session
     from rlsdk.rewards import reverse_reward
 
@@ -291,13 +296,9 @@ async def _rlsdk_loop(config: Any, t0: float, overlap: bool) -> tuple[float, lis
     async with await Session.start(config) as session:
         setup_s = time.perf_counter() - t0
         last = time.perf_counter()
-        pending = asyncio.ensure_future(session.rollout()) if overlap else None
-        for step in range(1, config.train.max_steps + 1):
-            rollout = await pending if pending is not None else await session.rollout()
-            pending = None
+        for _ in range(config.train.max_steps):
+            rollout = await session.rollout()
             rollout = await session.reward(rollout, reverse_reward)
-            if overlap and step < config.train.max_steps:
-                pending = asyncio.ensure_future(session.rollout())
             stats = await session.update(rollout)
             await session.sync_weights()
             now = time.perf_counter()
@@ -306,26 +307,24 @@ async def _rlsdk_loop(config: Any, t0: float, overlap: bool) -> tuple[float, lis
             rewards.append(stats["reward/mean"])
             if len(rewards) >= window and statistics.fmean(rewards[-window:]) >= target:
                 break
-        if pending is not None:  # the rollout started for a step that will not run (untimed)
-            await pending
     return setup_s, times, rewards
 
 
-def worker_rlsdk(model_dir: Path, out_dir: Path, seed: int, max_steps: int, target: float, overlap: bool) -> dict:
+def worker_rlsdk(model_dir: Path, out_dir: Path, seed: int, max_steps: int, target: float, mode: str) -> dict:
     from rlsdk.data import build_tiny_policy
 
     t0 = time.perf_counter()
     build_tiny_policy(model_dir, seed=seed)
-    config = _recipe_config(model_dir, out_dir, seed, max_steps, target, staleness=1 if overlap else 0)
+    config = _recipe_config(model_dir, out_dir, seed, max_steps, target, mode)
     if config.observe.moving_average != TARGET_WINDOW:
         raise RuntimeError(f"recipe's moving_average is {config.observe.moving_average}, expected {TARGET_WINDOW}")
-    setup_s, times, rewards = asyncio.run(_rlsdk_loop(config, t0, overlap))
+    setup_s, times, rewards = asyncio.run(_rlsdk_loop(config, t0))
     threads = {
         "num_ranks": config.launch.num_ranks,
         "threads_per_rank": config.launch.threads_per_rank,
         "engine_threads": config.inference.num_threads or "torch default",
     }
-    system = "rlsdk_async" if overlap else "rlsdk"
+    system = "rlsdk_async" if mode == "async" else "rlsdk"
     return _summary(system, seed, threads, setup_s, times, rewards, target)
 
 
@@ -337,8 +336,8 @@ def worker_main(args: argparse.Namespace) -> None:
     elif args.worker == "bare":
         result = worker_bare(model_dir, args.seed, args.max_steps, args.target, args.threads)
     else:
-        overlap = args.worker == "rlsdk_async"
-        result = worker_rlsdk(model_dir, work / "rlsdk-out", args.seed, args.max_steps, args.target, overlap)
+        mode = "async" if args.worker == "rlsdk_async" else "sequential"
+        result = worker_rlsdk(model_dir, work / "rlsdk-out", args.seed, args.max_steps, args.target, mode)
     Path(args.result).write_text(json.dumps(result))
 
 

@@ -65,3 +65,190 @@ def test_benchmarks_page_without_results_file_says_how_to_make_one(hooks: Module
 
     assert "No results yet" in page
     assert "--json benchmarks/results/session_overhead.json" in page
+
+
+STATS = {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3, "missed": 0}
+ENVIRONMENT = {"python": "3.11", "cpu": "cpu", "cpu_count": 2, "torch_threads": 2, "versions": {"torch": "2"}}
+
+
+def _write(tmp_path: Path, name: str, payload: dict) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps({"environment": ENVIRONMENT, **payload}))
+    return path
+
+
+def test_peer_section_with_fake_results_shows_table_ratios_threads_and_deviations(
+    hooks: ModuleType, tmp_path: Path
+) -> None:
+    missed = {"median": None, "min": 10.0, "max": 10.0, "n": 3, "missed": 2}
+    row = {"step_ms": STATS, "steps_to_target": STATS, "seconds_to_target": STATS}
+    path = _write(
+        tmp_path,
+        "trl_compare.json",
+        {
+            "quick": False,
+            "seeds": [0, 1, 2],
+            "max_steps": 1000,
+            "target": 0.9,
+            "summary": {"trl": {**row, "seconds_to_target": missed}, "rlsdk": row},
+            "ratios": {"rlsdk_over_trl_seconds_to_target": None, "rlsdk_over_bare_step": 0.75},
+            "threads": {"chosen": {"trl": 2, "bare": 1}, "rlsdk": {"num_ranks": 2, "threads_per_rank": 1}},
+            "trl_deviations": ["optimizer: fused"],
+        },
+    )
+
+    page = hooks.peer_section(path)
+
+    assert "python benchmarks/trl_compare.py --json benchmarks/results/trl_compare.json" in page
+    assert "| trl | 2.0 (1.0-3.0) | 2 (1-3) | miss (10.0-10.0), 2/3 missed |" in page
+    assert "| rlsdk_over_bare_step | 0.75 | <= 1.5 |" in page
+    assert "| rlsdk_over_trl_seconds_to_target | n/a (a median missed the target) | <= 0.5 |" in page
+    assert "Threads: TRL 2, bare loop 1" in page and "- optimizer: fused" in page
+
+
+def test_peer_section_without_results_file_says_how_to_make_one(hooks: ModuleType, tmp_path: Path) -> None:
+    page = hooks.peer_section(tmp_path / "missing.json")
+
+    assert "No results yet" in page and "benchmarks/trl_compare.py" in page
+
+
+def test_async_section_with_fake_results_shows_both_modes_and_ratio(hooks: ModuleType, tmp_path: Path) -> None:
+    by_mode = {"sequential": STATS, "async": STATS, "ratio_async_over_sequential": 0.8}
+    path = _write(
+        tmp_path,
+        "async_rollouts.json",
+        {
+            "quick": True,
+            "seeds": [0],
+            "max_steps": 25,
+            "target": 2.0,
+            "summary": {
+                "seconds_to_target": by_mode,
+                "step_ms": by_mode,
+                "final_moving_reward": by_mode,
+                "missed": {"sequential": 1, "async": 0},
+            },
+        },
+    )
+
+    page = hooks.async_section(path)
+
+    assert "## Async vs sequential rollouts (a `--quick` smoke run: not a measurement)" in page
+    assert "| ms per step | 2.0 (1.0-3.0) | 2.0 (1.0-3.0) | 0.80 |" in page
+    assert "sequential 1, async 0" in page
+
+
+def test_scaling_section_with_fake_results_shows_sizes_exponents_and_ranks(hooks: ModuleType, tmp_path: Path) -> None:
+    seconds = {"median": 0.002, "min": 0.001, "max": 0.003, "n": 3}
+    size = {
+        "name": "0.1M",
+        "parameters": 132800,
+        "update_s": seconds,
+        "sync_s": seconds,
+        "update_s_per_mparam": 0.015,
+        "sync_bytes_per_s": 2.5e8,
+    }
+    path = _write(
+        tmp_path,
+        "scaling.json",
+        {
+            "quick": False,
+            "model_sweep": {
+                "num_ranks": 2,
+                "prompts_per_step": 4,
+                "group_size": 4,
+                "max_new_tokens": 5,
+                "sizes": [size, {**size, "name": "10M", "parameters": 10_000_000}],
+                "exponents": [{"from": "0.1M", "to": "10M", "update": 0.5, "sync": 0.9}],
+            },
+            "rank_sweep": {
+                "model": "0.1M",
+                "prompts_per_step": 16,
+                "group_size": 16,
+                "micro_batch_size": 64,
+                "baseline_ranks": 1,
+                "ranks": [
+                    {
+                        "num_ranks": n,
+                        "update_s": seconds,
+                        "step_s": seconds,
+                        "update_ratio_vs_1": r,
+                        "step_ratio_vs_1": r,
+                    }
+                    for n, r in ((1, 1.0), (2, 0.6))
+                ],
+                "failed": {"4": "out of memory"},
+            },
+        },
+    )
+
+    page = hooks.scaling_section(path)
+
+    assert "python benchmarks/scaling.py --json benchmarks/results/scaling.json" in page
+    assert "| 0.1M | 132,800 | 2.0 (1.0-3.0) | 2.0 (1.0-3.0) | 15.00 | 250.0 |" in page
+    assert "| 0.1M -> 10M | 0.50 | 0.90 |" in page
+    assert "| 2 | 2.0 (1.0-3.0) | 2.0 (1.0-3.0) | 0.60 | 0.60 |" in page
+    assert "4 rank(s): not measured" in page
+
+
+def test_soak_section_with_fake_results_shows_growth_and_verdict(hooks: ModuleType, tmp_path: Path) -> None:
+    figure = {"warmup": 100.0, "final": 101.0, "min": 99.0, "max": 102.0, "growth_pct": 1.0}
+    path = _write(
+        tmp_path,
+        "soak.json",
+        {
+            "quick": False,
+            "steps": 500,
+            "seconds": 60.0,
+            "sample_every": 10,
+            "warmup_steps": 50,
+            "figures": {"controller_rss_mib": figure},
+            "passed": True,
+            "failures": [],
+            "baseline": {"controller_fds": 6},
+            "after_close": {"children": 0, "controller_fds": 6, "surviving_ranks": []},
+        },
+    )
+
+    page = hooks.soak_section(path)
+
+    assert "python benchmarks/soak.py --json benchmarks/results/soak.json" in page
+    assert "| controller_rss_mib | 100.0 | 101.0 | 99.0 | 102.0 | 1.0% |" in page
+    assert "Passed" in page and "0 child processes" in page
+
+
+def test_vllm_section_with_fake_results_shows_sync_and_rollout_ratio(hooks: ModuleType, tmp_path: Path) -> None:
+    seconds = {"median": 0.01, "min": 0.009, "max": 0.02, "n": 3}
+    path = _write(
+        tmp_path,
+        "vllm_sync.json",
+        {
+            "quick": True,
+            "memcpy_bytes_per_s": 1e10,
+            "sync": {
+                "tiny": {"parameters": 1000, "sync_s": seconds, "achieved_bytes_per_s": 5e9, "fraction_of_memcpy": 0.5}
+            },
+            "rollout": {"raw_tokens_per_s": STATS, "session_tokens_per_s": STATS, "ratio": 0.95},
+        },
+    )
+
+    page = hooks.vllm_section(path)
+
+    assert "| tiny | 1,000 | 10.0 (9.0-20.0) | 5.000 | 50.0% |" in page
+    assert "| ratio (target >= 0.9) | 0.95 |" in page
+
+
+def test_benchmark_sections_without_results_files_are_empty(hooks: ModuleType, tmp_path: Path) -> None:
+    for section in (hooks.async_section, hooks.scaling_section, hooks.soak_section, hooks.vllm_section):
+        assert section(tmp_path / "missing.json") == ""
+
+
+def test_benchmark_plots_are_embedded_only_when_the_png_exists(
+    hooks: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hooks, "ROOT", tmp_path)
+    assert hooks._plot("trl_compare.png", "bars") == []
+    (tmp_path / "docs" / "img" / "benchmarks").mkdir(parents=True)
+    (tmp_path / "docs" / "img" / "benchmarks" / "trl_compare.png").write_bytes(b"\x89PNG")
+
+    assert hooks._plot("trl_compare.png", "bars") == ["![bars](img/benchmarks/trl_compare.png)", ""]

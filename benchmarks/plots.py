@@ -1,0 +1,192 @@
+"""Plots of the benchmark results: PNGs for docs/benchmarks.md, drawn from the JSON files the benchmarks wrote.
+
+Reads ``RESULTS/NAME.json`` (default ``benchmarks/results``) and writes, for each file that exists:
+
+- ``scaling.json`` -> ``scaling_model.png`` (update and weight-sync seconds against parameters, log-log, min-max
+  bars) and ``scaling_ranks.png`` (update and step time over the fewest ranks' time, against ranks);
+- ``trl_compare.json`` -> ``trl_compare.png`` (seconds to the target reward and ms per step per system, median
+  over seeds with min-max whiskers; misses are counted in the labels);
+- ``async_rollouts.json`` -> ``async_rollouts.png`` (sequential against async: seconds to the target, ms per step).
+
+The PNGs are committed artifacts made by ``make bench`` (which runs this last); the docs build only links them.
+Needs matplotlib (the ``docs`` extra). Usage: ``python benchmarks/plots.py [--results DIR] [--out DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+OUT = ROOT / "docs" / "img" / "benchmarks"
+SYSTEM_LABELS = {"trl": "TRL GRPOTrainer", "bare": "bare loop", "rlsdk": "rlsdk", "rlsdk_async": "rlsdk async"}
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display, same output everywhere
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})  # no version string: PNGs diff only on data changes
+    _pyplot().close(fig)
+    return path
+
+
+def _whiskers(stats: list[dict[str, Any]]) -> tuple[list[float], list[list[float]]]:
+    """Medians and matplotlib's [below, above] error lengths from min/max; a missing value (a miss) plots as 0."""
+    medians, below, above = [], [], []
+    for s in stats:
+        median, low, high = s.get("median") or 0.0, s.get("min"), s.get("max")
+        medians.append(median)
+        below.append(max(0.0, median - low) if low is not None else 0.0)
+        above.append(max(0.0, high - median) if high is not None else 0.0)
+    return medians, [below, above]
+
+
+def _quick_note(data: dict[str, Any]) -> str:
+    return "\n(--quick: a smoke run, not a measurement)" if data.get("quick") else ""
+
+
+def plot_scaling(data: dict[str, Any], out: Path) -> list[Path]:
+    plt = _pyplot()
+    written = []
+    sweep = data.get("model_sweep") or {}
+    sizes = sweep.get("sizes") or []
+    if sizes:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        params = [row["parameters"] for row in sizes]
+        for phase, label, marker in (("update_s", "update", "o"), ("sync_s", "sync_weights", "s")):
+            medians, err = _whiskers([row[phase] for row in sizes])
+            ax.errorbar(params, medians, yerr=err, marker=marker, capsize=3, label=label)
+        for row in sizes:
+            ax.annotate(row["name"], (row["parameters"], row["update_s"]["median"]), textcoords="offset points",
+                        xytext=(4, 6), fontsize=8)  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("parameters")
+        ax.set_ylabel("seconds (median)")
+        ax.set_title(
+            f"Time vs model size: {sweep.get('prompts_per_step')} prompts x {sweep.get('group_size')} samples, "
+            f"{sweep.get('num_ranks')} ranks{_quick_note(data)}",
+            fontsize=9,
+        )
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        written.append(_save(fig, out / "scaling_model.png"))
+    ranks = data.get("rank_sweep") or {}
+    rows = ranks.get("ranks") or []
+    if rows:
+        base = ranks.get("baseline_ranks", rows[0]["num_ranks"])
+        fig, ax = plt.subplots(figsize=(6, 4))
+        counts = [row["num_ranks"] for row in rows]
+        for key, label, marker in (("update", "update", "o"), ("step", "whole step", "s")):
+            ax.plot(counts, [row[f"{key}_ratio_vs_{base}"] for row in rows], marker=marker, label=label)
+        ax.plot(counts, [base / n for n in counts], linestyle="--", color="grey", label="ideal (time / ranks)")
+        ax.set_xticks(counts)
+        ax.set_xlabel("train ranks (1 torch thread each)")
+        ax.set_ylabel(f"time / time at {base} rank(s)")
+        ax.set_title(
+            f"Rank scaling at a fixed global batch ({ranks.get('prompts_per_step')} x {ranks.get('group_size')}), "
+            f"{data.get('environment', {}).get('cpu_count')} cores{_quick_note(data)}",
+            fontsize=9,
+        )
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        written.append(_save(fig, out / "scaling_ranks.png"))
+    return written
+
+
+def plot_trl_compare(data: dict[str, Any], out: Path) -> list[Path]:
+    plt = _pyplot()
+    summary = data.get("summary") or {}
+    systems = [s for s in SYSTEM_LABELS if s in summary]
+    if not systems:
+        return []
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4))
+    for ax, key, unit in ((axes[0], "seconds_to_target", "seconds to target"), (axes[1], "step_ms", "ms per step")):
+        stats = [summary[s][key] for s in systems]
+        medians, err = _whiskers(stats)
+        bars = ax.bar(range(len(systems)), medians, yerr=err, capsize=4, color="tab:blue")
+        labels = []
+        for system, s, bar in zip(systems, stats, bars):
+            missed = s.get("missed") or 0
+            labels.append(SYSTEM_LABELS[system] + (f"\n{missed}/{s.get('n')} missed" if missed else ""))
+            if s.get("median") is None:
+                bar.set_hatch("//")
+                ax.annotate("median missed", (bar.get_x() + bar.get_width() / 2, 0), ha="center", va="bottom",
+                            fontsize=8)  # fmt: skip
+        ax.set_xticks(range(len(systems)), labels, fontsize=8)
+        ax.set_ylabel(unit + " (median over seeds, min-max)")
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(
+        f"Default task to moving reward {data.get('target')}, seeds {data.get('seeds')}{_quick_note(data)}",
+        fontsize=10,
+    )
+    return [_save(fig, out / "trl_compare.png")]
+
+
+def plot_async(data: dict[str, Any], out: Path) -> list[Path]:
+    plt = _pyplot()
+    summary = data.get("summary") or {}
+    modes = ("sequential", "async")
+    panels = [
+        (k, u) for k, u in (("seconds_to_target", "seconds to target"), ("step_ms", "ms per step")) if k in summary
+    ]
+    if not panels:
+        return []
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4), squeeze=False)
+    missed = summary.get("missed") or {}
+    for ax, (key, unit) in zip(axes[0], panels):
+        medians, err = _whiskers([summary[key][m] for m in modes])
+        ax.bar(range(2), medians, yerr=err, capsize=4, color=["tab:grey", "tab:green"])
+        labels = [m + (f"\n{missed[m]} missed" if missed.get(m) else "") for m in modes]
+        ax.set_xticks(range(2), labels)
+        ratio = summary[key].get("ratio_async_over_sequential")
+        ax.set_title(f"async / sequential = {ratio:.2f}" if ratio else "", fontsize=9)
+        ax.set_ylabel(unit + " (median over seeds, min-max)")
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(f"rollout.mode, seeds {data.get('seeds')}{_quick_note(data)}", fontsize=10)
+    return [_save(fig, out / "async_rollouts.png")]
+
+
+PLOTS: dict[str, Callable[[dict[str, Any], Path], list[Path]]] = {
+    "scaling.json": plot_scaling,
+    "trl_compare.json": plot_trl_compare,
+    "async_rollouts.json": plot_async,
+}
+
+
+def make_plots(results: Path, out: Path) -> list[Path]:
+    """Every plot whose JSON exists in ``results``; returns the PNGs written."""
+    written: list[Path] = []
+    for name, plot in PLOTS.items():
+        path = results / name
+        if path.is_file():
+            written += plot(json.loads(path.read_text()), out)
+        else:
+            print(f"skipped {name}: not in {results}")
+    return written
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, default=RESULTS, help="folder of the benchmarks' JSON files")
+    parser.add_argument("--out", type=Path, default=OUT, help="folder for the PNGs")
+    args = parser.parse_args()
+    for path in make_plots(args.results, args.out):
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

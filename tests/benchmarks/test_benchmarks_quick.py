@@ -1,0 +1,145 @@
+"""Every benchmark's ``--quick`` variant runs end to end and writes its JSON (smoke tests: no speed thresholds).
+
+One run per benchmark: ``python benchmarks/NAME.py --quick --json TMP/NAME.json`` must exit 0 and write the
+environment block (versions, CPU, threads) and the benchmark's key figure. The seconds noted per case were measured
+on 2 shared cores under a load average of 8-11 (all eight: 666 s); idle cores take roughly half.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
+VLLM_CONFTEST = Path(__file__).parents[1] / "engine" / "vllm" / "conftest.py"
+
+
+def check_session_overhead(data: dict[str, Any]) -> None:
+    assert data["step_ms"]["ratio"] > 0
+    assert set(data["noop"]) == {"2"} and all(entry["ratio"] > 0 for entry in data["noop"].values())
+
+
+def check_tracer_overhead(data: dict[str, Any]) -> None:
+    assert data["record_us"]["median"] > 0 and data["ddp_step_ratio"] > 0
+    assert data["recipe"]["ratio_of_medians"] > 0
+
+
+def check_dashboard_logs(data: dict[str, Any]) -> None:
+    assert data["records"] == 1000 and data["displayed_per_s"] > 0
+    assert data["lag_ms_p99"] >= 0
+
+
+def check_vllm_sync(data: dict[str, Any]) -> None:
+    assert data["memcpy_bytes_per_s"] > 0
+    assert data["sync"]  # --quick: the tiny model only (one entry per transfer method, where there are several)
+    for entry in data["sync"].values():
+        assert entry["parameters"] > 0 and entry["achieved_bytes_per_s"] > 0
+    assert data["rollout"]["ratio"] > 0
+
+
+def check_async_rollouts(data: dict[str, Any]) -> None:
+    assert {mode: len(runs) for mode, runs in data["runs"].items()} == {"sequential": 1, "async": 1}
+    assert all(run["steps"] == 12 for runs in data["runs"].values() for run in runs)
+    assert data["summary"]["step_ms"]["ratio_async_over_sequential"] > 0
+
+
+def check_algorithms(data: dict[str, Any]) -> None:
+    assert set(data["runs"]) == {"recipe", "grpo", "dr_grpo", "dapo", "rloo"}
+    assert all(run["steps"] == 10 for runs in data["runs"].values() for run in runs)
+    assert all(len(row["steps_to_target"]) == 1 for row in data["summary"].values())
+
+
+def check_trl_compare(data: dict[str, Any]) -> None:
+    assert [run["system"] for run in data["runs"]] == ["trl", "bare", "rlsdk", "rlsdk_async"]
+    for run in data["runs"]:
+        assert run["steps_run"] == 5
+        assert len(run["step_time_s"]) == len(run["reward_mean"]) == 5
+        assert run["step_s_median"] > 0
+        assert all(0.0 <= r <= 1.0 for r in run["reward_mean"])
+    assert set(data["summary"]) == {"trl", "bare", "rlsdk", "rlsdk_async"}
+    assert data["ratios"]["rlsdk_over_bare_step"] > 0
+    assert data["environment"]["versions"]["trl"]
+    assert data["trl_settings"]["loss_type"] == "dapo"
+    assert data["trl_deviations"]
+
+
+def check_scaling(data: dict[str, Any]) -> None:
+    (size,) = data["model_sweep"]["sizes"]  # --quick: the ~0.1M model only
+    assert size["name"] == "0.1M" and size["parameters"] > 0
+    assert size["update_s"]["median"] > 0 and size["sync_bytes_per_s"] > 0
+    ranks = data["rank_sweep"]
+    measured = {row["num_ranks"] for row in ranks["ranks"]} | {int(n) for n in ranks["failed"]}
+    assert measured == {1, 2} and 2 in {row["num_ranks"] for row in ranks["ranks"]}
+
+
+def check_soak(data: dict[str, Any]) -> None:
+    assert data["steps"] == 30 and data["passed"] is True
+    assert [row["step"] for row in data["samples"]] == list(range(31))  # step 0, then every step
+    assert {"controller_rss_mib", "rank0_rss_mib", "rank1_rss_mib", "controller_fds", "children"} <= set(
+        data["figures"]
+    )
+    assert data["after_close"]["children"] == 0 and data["after_close"]["surviving_ranks"] == []
+    assert data["after_close"]["controller_fds"] <= data["baseline"]["controller_fds"]
+
+
+def trl_missing() -> str | None:
+    if importlib.util.find_spec("trl") is None:
+        return 'trl is not installed (the bench extra: pip install -e ".[bench]")'
+    return None
+
+
+def vllm_missing() -> str | None:
+    """tests/engine/vllm/conftest.py's check (``import vllm`` in a subprocess), run only for this case."""
+    spec = importlib.util.spec_from_file_location("rlsdk_tests_vllm_conftest", VLLM_CONFTEST)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    error = module.vllm_import_error()
+    return None if error is None else f"vllm: `import vllm` failed ({error}); install the vllm extra"
+
+
+SLOW = [pytest.mark.slow]
+DISTRIBUTED = [pytest.mark.slow, pytest.mark.distributed]
+# name: (key-figure check, marks, why it cannot run here or None)
+CASES: dict[str, tuple[Callable[[dict[str, Any]], None], list[Any], Callable[[], str | None] | None]] = {
+    "session_overhead": (check_session_overhead, DISTRIBUTED, None),  # 89 s: bare loop, 2 Sessions
+    "tracer_overhead": (check_tracer_overhead, DISTRIBUTED, None),  # 70 s: gloo ranks, then 2 live Sessions
+    "dashboard_logs": (check_dashboard_logs, [*SLOW, pytest.mark.notebook], None),  # 15 s: a real Jupyter kernel
+    "vllm_sync": (check_vllm_sync, [*DISTRIBUTED, pytest.mark.vllm], vllm_missing),  # 181 s: 2 vLLM server starts
+    "async_rollouts": (check_async_rollouts, DISTRIBUTED, None),  # 79 s at 25 steps (now 12): 2 Sessions
+    "algorithms": (check_algorithms, DISTRIBUTED, None),  # 5 Sessions x 10 steps: every algorithm's config runs
+    "trl_compare": (check_trl_compare, DISTRIBUTED, trl_missing),  # 151 s: 4 subprocesses, two 2-rank Sessions
+    "scaling": (check_scaling, DISTRIBUTED, None),  # 49 s: 3 Session starts (1 rank may not start: recorded)
+    "soak": (check_soak, DISTRIBUTED, None),  # 32 s: a 2-rank Session for 30 steps
+}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", [pytest.param(name, marks=marks, id=name) for name, (_, marks, _) in CASES.items()])
+def test_benchmark_quick_exits_zero_and_writes_environment_and_key_figure(name: str, tmp_path: Path) -> None:
+    check, _, missing = CASES[name]
+    reason = missing() if missing is not None else None
+    if reason is not None:
+        pytest.skip(reason)
+    out = tmp_path / f"{name}.json"
+
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / f"{name}.py"), "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert {"python", "versions", "cpu", "cpu_count", "torch_threads"} <= set(data["environment"])
+    assert data["environment"]["versions"]["torch"]
+    assert data["quick"] is True
+    check(data)
