@@ -331,12 +331,14 @@ class Session:
             self._phase("loading engine, ranks connecting")
             self.rank_info = await self._channel.wait_for_ranks(cfg.launch.num_ranks, cfg.launch.start_timeout_s)
             self._launcher.rank_pids = [info["pid"] for info in self.rank_info.values()]
-            self._liveness = asyncio.get_running_loop().create_task(self._watch_heartbeats())
             self._phase("initialising ranks")
             init: dict[str, Any] = {"config": config_to_dict(cfg)}
             if self._resume is not None:
                 init["resume_from"] = str(self._resume[0])
             results = await self._channel.broadcast("init", init, timeout_s=cfg.launch.start_timeout_s)
+            # Liveness from here on: during start-up the ranks import and load while holding the GIL for long
+            # stretches (their heartbeats wait), and launch.start_timeout_s bounds it.
+            self._liveness = asyncio.get_running_loop().create_task(self._watch_heartbeats())
         finally:
             await engine_task
         trainer = results[0]

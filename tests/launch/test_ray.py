@@ -89,8 +89,10 @@ def test_ray_session_on_two_simulated_nodes_of_a_local_ray_instance_trains_one_s
     # where another Ray runs on this machine. (`ray start --head` in a subprocess mirrors a cluster more closely,
     # but Ray 2.60 then wants its auth token in the driver, and only `ray stop`, which ends every Ray process of
     # the machine, shuts it down cleanly.)
+    # Only the processes ray.init starts: other children of the test run (a session-scoped vLLM server) stay.
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
     context = _start_local_ray(ray)
-    ray_processes = [child.pid for child in psutil.Process().children(recursive=True)]
+    ray_processes = [child.pid for child in psutil.Process().children(recursive=True) if child.pid not in before]
     launch = dataclasses.replace(
         small_config.launch,
         scheduler="ray",

@@ -8,6 +8,7 @@ case in tests/launch/test_no_orphans.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import signal
@@ -37,9 +38,13 @@ def _alive(pid: int) -> bool:
 
 
 def _run_pids(session: Session) -> list[int]:
-    """Every process of the run: the ranks, the launcher and anything else started under the controller."""
-    pids = [info["pid"] for info in session.rank_info.values()] + [session._launcher.proc.pid]
-    return pids + [child.pid for child in psutil.Process().children(recursive=True) if child.pid not in pids]
+    """Every process of the run: the ranks, the launcher and everything started under it (not other children of
+    the test process, such as a session-scoped vLLM server of another suite)."""
+    launcher = session._launcher.proc.pid
+    pids = [info["pid"] for info in session.rank_info.values()] + [launcher]
+    with contextlib.suppress(psutil.NoSuchProcess):
+        pids += [child.pid for child in psutil.Process(launcher).children(recursive=True) if child.pid not in pids]
+    return pids
 
 
 async def _gone_within(pids: list[int], seconds: float) -> list[int]:
@@ -141,7 +146,7 @@ def test_rank_that_stops_heartbeating_is_reported_within_the_heartbeat_timeout_a
 ) -> None:
     config = dataclasses.replace(
         small_config,
-        launch=dataclasses.replace(small_config.launch, heartbeat_interval_s=0.5, heartbeat_timeout_s=2.5),
+        launch=dataclasses.replace(small_config.launch, heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0),
     )
 
     async def stop_rank1(session: Session) -> None:
