@@ -25,25 +25,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from rlsdk.engine.inference.weight_transfer import CollectiveRpc
+from rlsdk.engine.inference.weight_transfer import CollectiveRpc, check_worker_results
 from rlsdk.observe.logging import get_logger
 
 logger = get_logger(__name__)
 
 PLAIN_WORKER_EXTENSION = "rlsdk.engine.inference.vllm_plain_worker.PlainWeightSyncExtension"
-
-
-def _check_results(method: str, version: int, results: Sequence[Any]) -> dict[str, Any]:
-    """The first worker's result once every worker returned the same checksum; raises otherwise."""
-    errors = [r["error"] for r in results if isinstance(r, dict) and r.get("error")]
-    if errors:
-        raise RuntimeError("; ".join(errors))
-    if not results or not all(isinstance(r, dict) and r.get("checksum") for r in results):
-        raise RuntimeError(f"{method} returned {results!r}; expected one checksum per worker")
-    checksums = {r["checksum"] for r in results}
-    if len(checksums) != 1:
-        raise RuntimeError(f"server workers loaded different weights for v{version}: checksums {checksums}")
-    return dict(results[0])
 
 
 class InPlaceWeightTransfer:
@@ -71,7 +58,7 @@ class InPlaceWeightTransfer:
             failures = [r for r in results if not isinstance(r, dict) or r.get("error")]
             if not failures:
                 self.last_method = "inplace"
-                return _check_results("rlsdk_update_weights_inplace", version, results)
+                return check_worker_results("rlsdk_update_weights_inplace", version, results)
             reason = "; ".join(str(r.get("error") if isinstance(r, dict) else r) for r in failures)
             if all(isinstance(r, dict) and r.get("unsupported") for r in failures):
                 self.unavailable = reason
@@ -81,6 +68,6 @@ class InPlaceWeightTransfer:
         remaining = max(1.0, timeout_s - (time.perf_counter() - start))
         results = await rpc("rlsdk_load_weights", {"path": path}, remaining)
         self.last_method = "reload"
-        loaded = _check_results("rlsdk_load_weights", version, results)
+        loaded = check_worker_results("rlsdk_load_weights", version, results)
         loaded["fallback"] = self.unavailable or "in-place update failed"
         return loaded

@@ -58,15 +58,24 @@ class FileWeightTransfer:
 
     async def push(self, rpc: CollectiveRpc, path: str, version: int, timeout_s: float) -> dict[str, Any]:
         results = await rpc("rlsdk_load_weights", {"path": path}, timeout_s)
-        errors = [r["error"] for r in results if isinstance(r, dict) and r.get("error")]
-        if errors:
-            raise RuntimeError("; ".join(errors))
-        if not results or not all(isinstance(r, dict) and r.get("checksum") for r in results):
-            raise RuntimeError(f"rlsdk_load_weights returned {results!r}; expected one checksum per worker")
-        checksums = {r["checksum"] for r in results}
-        if len(checksums) != 1:
-            raise RuntimeError(f"server workers loaded different weights for v{version}: checksums {checksums}")
-        return dict(results[0])
+        return check_worker_results("rlsdk_load_weights", version, results)
+
+
+def check_worker_results(method: str, version: int, results: Sequence[Any]) -> dict[str, Any]:
+    """The first server worker's result of a weight-loading RPC once every worker returned the same checksum.
+
+    Raises ``RuntimeError`` joining the workers' error messages, when a worker returned no checksum, or when the
+    workers loaded different weights for ``version``.
+    """
+    errors = [r["error"] for r in results if isinstance(r, dict) and r.get("error")]
+    if errors:
+        raise RuntimeError("; ".join(errors))
+    if not results or not all(isinstance(r, dict) and r.get("checksum") for r in results):
+        raise RuntimeError(f"{method} returned {results!r}; expected one checksum per worker")
+    checksums = {r["checksum"] for r in results}
+    if len(checksums) != 1:
+        raise RuntimeError(f"server workers loaded different weights for v{version}: checksums {checksums}")
+    return dict(results[0])
 
 
 NCCL_WORKER_EXTENSION = "rlsdk.engine.inference.nccl_sync.NcclWeightSyncExtension"
