@@ -64,6 +64,7 @@ def completion_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     attention_mask_B_C: torch.Tensor | None = None,
+    share_prompts: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities (and optionally entropies) of the completion tokens, in one forward pass.
 
@@ -92,6 +93,13 @@ def completion_logprobs(
             ``completion_mask_B_C`` (multi-turn rollouts: tool-output tokens are attended to but not trained
             on); ``None`` uses ``completion_mask_B_C``. It replaces ``completion_mask_B_C`` in the attention
             mask and the positions above.
+        share_prompts: run every distinct prompt (same ids under the same mask) through the model once and
+            reuse its key/value cache for each of its completions (a GRPO group's completions share one
+            prompt), then run only the completions (``C - 1`` tokens: the last completion token predicts
+            nothing). Two model calls instead of one, the same logprobs, entropies and gradients to float
+            rounding, and ``(B - U) x P`` fewer token positions through the model (``U`` distinct prompts).
+            Used only when some prompt repeats and the model's forward returns a transformers cache with
+            ``batch_select_indices`` (every transformers causal LM); otherwise the one-call path runs.
 
     Returns:
         ``(logprobs_B_C, entropy_B_C or None)``, float32, in nats.
@@ -124,19 +132,24 @@ def completion_logprobs(
     if prompt_len == 0:
         raise ValueError("prompt_ids_B_P has no columns: every sequence needs at least one prompt token")
 
-    input_ids_B_T = torch.cat([prompt_ids_B_P, completion_ids_B_C], dim=1).long()
     context_mask_B_C = completion_mask_B_C if attention_mask_B_C is None else attention_mask_B_C
     attention_mask_B_T = torch.cat([prompt_mask_B_P.long(), context_mask_B_C.long()], dim=1)
     position_ids_B_T = (attention_mask_B_T.cumsum(dim=1) - 1).clamp(min=0)
-    output = model(
-        input_ids=input_ids_B_T,
-        attention_mask=attention_mask_B_T,
-        position_ids=position_ids_B_T,
-        use_cache=False,
-        logits_to_keep=completion_len + 1,
-    )
-    # The kept logits are positions P-1 .. P+C-1; the last one predicts past the completion.
-    logits_B_C_V = output.logits[:, -(completion_len + 1) : -1]
+    logits_B_C_V = None
+    if share_prompts:
+        logits_B_C_V = _shared_prompt_logits(
+            model, prompt_ids_B_P, prompt_mask_B_P, completion_ids_B_C, attention_mask_B_T, position_ids_B_T
+        )
+    if logits_B_C_V is None:
+        output = model(
+            input_ids=torch.cat([prompt_ids_B_P, completion_ids_B_C], dim=1).long(),
+            attention_mask=attention_mask_B_T,
+            position_ids=position_ids_B_T,
+            use_cache=False,
+            logits_to_keep=completion_len + 1,
+        )
+        # The kept logits are positions P-1 .. P+C-1; the last one predicts past the completion.
+        logits_B_C_V = output.logits[:, -(completion_len + 1) : -1]
     logprobs_B_C = token_logprobs(logits_B_C_V, completion_ids_B_C, temperature)
     entropy_B_C = None
     if with_entropy and entropy_grad:  # a loss term (entropy bonus): gradients flow through it
@@ -145,3 +158,51 @@ def completion_logprobs(
         with torch.no_grad():
             entropy_B_C = token_entropy(logits_B_C_V.detach(), temperature)
     return logprobs_B_C, entropy_B_C
+
+
+def _shared_prompt_logits(
+    model: torch.nn.Module,
+    prompt_ids_B_P: torch.Tensor,
+    prompt_mask_B_P: torch.Tensor,
+    completion_ids_B_C: torch.Tensor,
+    attention_mask_B_T: torch.Tensor,
+    position_ids_B_T: torch.Tensor,
+) -> torch.Tensor | None:
+    """The logits ``completion_logprobs`` needs (``[B, C, V]``, predicting each completion token), with every
+    distinct prompt through the model once; ``None`` when no prompt repeats or the model returns no selectable
+    cache (the caller then runs the one-call path).
+
+    Exact by construction: a completion attends to its prompt's keys/values, which depend only on that prompt's
+    ids, mask and positions; rows with the same ids under the same mask (padding zeroed) share them. The cache
+    rows are gathered with an index, so gradients from every completion flow back into the shared prompt pass.
+    """
+    batch, prompt_len = prompt_ids_B_P.shape
+    completion_len = completion_ids_B_C.shape[1]
+    prompt_mask_B_P = prompt_mask_B_P.long()
+    key_B_2P = torch.cat([prompt_ids_B_P.long() * prompt_mask_B_P, prompt_mask_B_P], dim=1)
+    unique_U_2P, inverse_B = torch.unique(key_B_2P, dim=0, return_inverse=True)
+    if unique_U_2P.shape[0] == batch:
+        return None
+    prompt_mask_U_P = unique_U_2P[:, prompt_len:]
+    output = model(
+        input_ids=unique_U_2P[:, :prompt_len],
+        attention_mask=prompt_mask_U_P,
+        position_ids=(prompt_mask_U_P.cumsum(dim=1) - 1).clamp(min=0),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache = getattr(output, "past_key_values", None)
+    if not callable(getattr(cache, "batch_select_indices", None)):
+        return None
+    first_B_1_V = output.logits[:, -1:][inverse_B]  # the last prompt position predicts completion token 0
+    if completion_len == 1:
+        return first_B_1_V
+    cache.batch_select_indices(inverse_B)
+    rest = model(
+        input_ids=completion_ids_B_C[:, :-1].long(),
+        attention_mask=attention_mask_B_T[:, : prompt_len + completion_len - 1],
+        position_ids=position_ids_B_T[:, prompt_len : prompt_len + completion_len - 1],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return torch.cat([first_B_1_V, rest.logits], dim=1)

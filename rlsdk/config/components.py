@@ -329,6 +329,12 @@ class TrainConfig:
             checks it before any process starts (ConfigError naming ``train.resume_from`` when the directory is
             missing, has no manifest.json or a file does not match its manifest checksum); the run must have the
             checkpoint's ``launch.num_ranks`` and ``train.parallelism``. See docs/howto/checkpoints.md.
+        share_prompt_prefix: Run each distinct prompt of a micro-batch through the model once and reuse its
+            key/value cache for every completion of that prompt (a GRPO group's ``rollout.group_size``
+            completions share one prompt), for the policy and the reference model. Same logprobs, entropies and
+            gradients to float rounding, fewer token positions through the model (the default task: 1.7x less
+            forward/backward time). False = one forward over prompt + completion per sequence. Models whose
+            forward returns no transformers cache fall back to that.
     """
 
     lr: float = 1e-3
@@ -342,6 +348,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     parallelism: Literal["ddp", "fsdp2"] = "ddp"
     resume_from: str | None = None
+    share_prompt_prefix: bool = True
 
     def __post_init__(self) -> None:
         check_types(self)

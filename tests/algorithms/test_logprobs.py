@@ -109,3 +109,91 @@ def test_completion_logprobs_mismatched_completion_mask_raises_naming_tensors(ti
             torch.ones(2, 4, dtype=torch.long),
             torch.ones(2, 3, dtype=torch.bool),
         )
+
+
+def _grouped_batch(completion_len: int) -> tuple[torch.Tensor, ...]:
+    """Three prompts (one left-padded; one same ids as another but a different mask), each repeated, and
+    completions of mixed lengths, rows interleaved so that the shared rows are not contiguous."""
+    generator = torch.Generator().manual_seed(1)
+    prompts = torch.tensor([[5, 6, 7, 14], [0, 0, 9, 14], [5, 6, 7, 14], [0, 6, 7, 14]])
+    masks = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]], dtype=torch.bool)
+    rows = torch.tensor([0, 1, 3, 2, 0, 1, 0, 3, 1, 2])  # prompt 2 == prompt 0: same ids, same mask
+    completion_ids_B_C = torch.randint(2, 16, (rows.numel(), completion_len), generator=generator)
+    lengths_B = torch.randint(1, completion_len + 1, (rows.numel(),), generator=generator)
+    completion_mask_B_C = torch.arange(completion_len)[None, :] < lengths_B[:, None]
+    return prompts[rows], masks[rows], torch.where(completion_mask_B_C, completion_ids_B_C, 0), completion_mask_B_C
+
+
+def _logprobs_entropy_grads(
+    model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], share: bool, **kwargs: object
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    logprobs_B_C, entropy_B_C = completion_logprobs(
+        model, *inputs, with_entropy=True, entropy_grad=True, share_prompts=share, **kwargs
+    )
+    assert entropy_B_C is not None
+    mask_B_C = inputs[3]
+    ((logprobs_B_C * mask_B_C).sum() + 0.1 * (entropy_B_C * mask_B_C).sum()).backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return logprobs_B_C.detach() * mask_B_C, entropy_B_C.detach() * mask_B_C, grads
+
+
+@pytest.mark.parametrize("completion_len", [1, 2, 5])
+def test_completion_logprobs_share_prompts_repeated_prompts_equal_one_call_logprobs_entropy_and_grads(
+    tiny_model: torch.nn.Module, completion_len: int
+) -> None:
+    inputs = _grouped_batch(completion_len)
+
+    plain = _logprobs_entropy_grads(tiny_model, inputs, share=False)
+    shared = _logprobs_entropy_grads(tiny_model, inputs, share=True)
+
+    torch.testing.assert_close(shared[0], plain[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(shared[1], plain[1], rtol=1e-5, atol=1e-5)
+    assert set(shared[2]) == set(plain[2])
+    for name, grad in plain[2].items():
+        torch.testing.assert_close(shared[2][name], grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_completion_logprobs_share_prompts_with_context_mask_equals_one_call(tiny_model: torch.nn.Module) -> None:
+    # multi-turn: tokens in context (a tool output) but not trained on
+    prompt_ids_B_P, prompt_mask_B_P, completion_ids_B_C, completion_mask_B_C = _grouped_batch(5)
+    attention_mask_B_C = completion_mask_B_C.clone()
+    completion_mask_B_C = completion_mask_B_C.clone()
+    completion_mask_B_C[:, 1:3] = False
+    inputs = (prompt_ids_B_P, prompt_mask_B_P, completion_ids_B_C, completion_mask_B_C)
+
+    plain = _logprobs_entropy_grads(tiny_model, inputs, share=False, attention_mask_B_C=attention_mask_B_C)
+    shared = _logprobs_entropy_grads(tiny_model, inputs, share=True, attention_mask_B_C=attention_mask_B_C)
+
+    torch.testing.assert_close(shared[0], plain[0], rtol=1e-5, atol=1e-5)
+    for name, grad in plain[2].items():
+        torch.testing.assert_close(shared[2][name], grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_completion_logprobs_share_prompts_without_repeats_runs_one_model_call(tiny_model: torch.nn.Module) -> None:
+    calls: list[int] = []
+    handle = tiny_model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    prompt_ids_B_P = torch.tensor([[5, 6, 14], [6, 5, 14]])
+    completion_ids_B_C = torch.tensor([[6, 5, 1], [7, 1, 0]])
+    try:
+        with torch.no_grad():
+            completion_logprobs(
+                tiny_model,
+                prompt_ids_B_P,
+                torch.ones_like(prompt_ids_B_P),
+                completion_ids_B_C,
+                torch.ones_like(completion_ids_B_C),
+                share_prompts=True,
+            )
+            completion_logprobs(
+                tiny_model,
+                prompt_ids_B_P[[0, 0]],
+                torch.ones_like(prompt_ids_B_P),
+                completion_ids_B_C,
+                torch.ones_like(completion_ids_B_C),
+                share_prompts=True,
+            )
+    finally:
+        handle.remove()
+
+    assert len(calls) == 3  # distinct prompts: the one-call path; a repeated prompt: prompt pass + completions

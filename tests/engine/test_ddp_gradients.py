@@ -13,8 +13,11 @@ from rlsdk.testing.distributed import run_gloo_ranks
 pytestmark = pytest.mark.distributed
 
 
-def _make_batch(model_dir: str, batch: int = 12, seed: int = 0) -> dict[str, torch.Tensor]:
-    """A synthetic update batch: real prompts, random completions of mixed lengths, perturbed old logprobs."""
+def _make_batch(model_dir: str, batch: int = 12, seed: int = 0, group_size: int = 1) -> dict[str, torch.Tensor]:
+    """A synthetic update batch: real prompts, random completions of mixed lengths, perturbed old logprobs.
+
+    ``group_size > 1``: every prompt repeats that many times in a row, as in a GRPO rollout (the ranks' forward
+    then runs each distinct prompt once, ``train.share_prompt_prefix``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlsdk.algorithms import completion_logprobs
@@ -22,8 +25,9 @@ def _make_batch(model_dir: str, batch: int = 12, seed: int = 0) -> dict[str, tor
 
     gen = torch.Generator().manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    prompts = [f"{int(n):03d}>" for n in torch.randint(0, 1000, (batch,), generator=gen)]
+    prompts = [f"{int(n):03d}>" for n in torch.randint(0, 1000, (batch // group_size,), generator=gen)]
     prompts[0] = "12>"  # a shorter prompt exercises left padding
+    prompts = [p for p in prompts for _ in range(group_size)]
     prompt_ids_B_P, prompt_mask_B_P = left_pad([tokenizer(p)["input_ids"] for p in prompts], tokenizer.pad_token_id)
     digits = [tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
     completion_ids_B_C = torch.tensor(digits)[torch.randint(0, 10, (batch, 5), generator=gen)]
@@ -102,9 +106,13 @@ def _reference_gradients(model_dir: str, batch: dict) -> dict:
     return {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
-def test_ddp_two_gloo_ranks_gradients_equal_single_process_global_token_mean(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("group_size", [1, 3])
+def test_ddp_two_gloo_ranks_gradients_equal_single_process_global_token_mean(
+    tiny_model_dir: Path, group_size: int
+) -> None:
+    # group_size 3: micro-batches of 4 on 6-sequence shards split groups; the reference runs one forward per row
     model_dir = str(tiny_model_dir)
-    batch = _make_batch(model_dir)
+    batch = _make_batch(model_dir, group_size=group_size)
     num_tokens = int(batch["completion_mask_B_C"].sum())
     expected = _reference_gradients(model_dir, batch)
 
@@ -162,7 +170,7 @@ def test_ddp_two_gloo_ranks_algorithm_options_equal_single_process_global_loss(
     tiny_model_dir: Path, algorithm: str
 ) -> None:
     model_dir = str(tiny_model_dir)
-    batch = _make_batch(model_dir)
+    batch = _make_batch(model_dir, group_size=2)  # repeated prompts: the policy and reference forwards share them
     num_tokens = int(batch["completion_mask_B_C"].sum())
     config = ALGORITHMS[algorithm]
     expected = _reference_policy_gradients(model_dir, batch, config, _config(model_dir).rollout.max_new_tokens)

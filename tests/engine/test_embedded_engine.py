@@ -72,11 +72,12 @@ def test_generate_logprobs_equal_completion_logprobs_on_same_weights(
 ) -> None:
     engine = EmbeddedEngine.from_pretrained(model_dir, max_batch_size=max_batch_size)
     params = SamplingParams(max_new_tokens=6, temperature=0.8, top_k=8, top_p=0.95, seed=0)
+    prompts = prompt_ids + prompt_ids[::2] + prompt_ids[:1]  # repeats: the sampler prefills each prompt once
 
-    result = _generate(engine, prompt_ids, params)
+    result = _generate(engine, prompts, params)
 
     _assert_well_formed(result, engine.pad_token_id, engine.eos_token_id, version=0)
-    prompt_ids_B_P, prompt_mask_B_P = left_pad(prompt_ids, engine.pad_token_id)
+    prompt_ids_B_P, prompt_mask_B_P = left_pad(prompts, engine.pad_token_id)
     with torch.no_grad():
         logprobs_B_C, _ = completion_logprobs(
             engine.model,

@@ -17,10 +17,13 @@ from rlsdk.testing.distributed import run_gloo_ranks
 pytestmark = pytest.mark.distributed
 
 STEPS = 3
-RTOL, ATOL = 1e-4, 1e-6
+RTOL, ATOL = 1e-4, 1e-5
 # The key bias's gradient is analytically zero (it shifts every attention score of a query equally; softmax is
 # shift-invariant), so AdamW turns float noise of either reduction order into lr-sized steps: measured
-# |DDP - FSDP2| 7.8e-6 after 3 steps of lr 1e-2 that moved it 3e-2. Every other tensor: <= 1.1e-6.
+# |DDP - FSDP2| 7.8e-6 after 3 steps of lr 1e-2 that moved it 3e-2. Every other tensor: <= 1.1e-6 with one
+# forward per sequence; <= 6.2e-6 when two of the steps share prompts (two forwards per micro-batch, another
+# reduction order; AdamW's first steps are ~lr x sign(grad), so near-zero gradient entries amplify the noise).
+# The gradients themselves match the single-process reference to 1e-6 (tests/engine/test_ddp_gradients.py).
 NOISE_ONLY_ATOL = {"self_attn.k_proj.bias": 1e-4}
 
 
@@ -74,7 +77,8 @@ def test_fsdp2_two_gloo_ranks_three_updates_match_ddp_losses_weights_and_export(
     from transformers import AutoModelForCausalLM
 
     model_dir = str(tiny_model_dir)
-    batches = [_make_batch(model_dir, batch=12, seed=seed) for seed in range(STEPS)]
+    # steps 1 and 3 repeat each prompt 3 times: FSDP2 then runs two forwards per micro-batch (shared prompts)
+    batches = [_make_batch(model_dir, batch=12, seed=seed, group_size=3 - 2 * (seed % 2)) for seed in range(STEPS)]
 
     ranks = run_gloo_ranks(_both, 2, model_dir, batches, str(tmp_path), timeout_s=300.0)
 

@@ -121,28 +121,42 @@ def sample_completions(
     scale = temperature if temperature > 0 else 1.0
 
     with torch.inference_mode():
-        prompt_ids_B_P, prompt_mask_B_P = left_pad(prompt_ids, pad_token_id, device)
-        batch = prompt_ids_B_P.shape[0]
-        attention_mask_B_T = prompt_mask_B_P.long()
-        position_ids_B_T = (attention_mask_B_T.cumsum(dim=1) - 1).clamp(min=0)
-        next_position_B_1 = position_ids_B_T[:, -1:] + 1
+        # Prefill each distinct prompt once (a GRPO group repeats its prompt group_size times), then give every
+        # row its prompt's cache and last logits: the same numbers as a per-row prefill.
+        distinct: dict[tuple[int, ...], int] = {}
+        inverse = [distinct.setdefault(tuple(ids), len(distinct)) for ids in prompt_ids]
+        batch = len(prompt_ids)
+        if () in distinct:  # left_pad would name the index among the distinct prompts
+            left_pad(prompt_ids, pad_token_id)
+        unique_ids_U_P, unique_mask_U_P = left_pad(list(distinct), pad_token_id, device)
+        position_ids_U_P = (unique_mask_U_P.long().cumsum(dim=1) - 1).clamp(min=0)
         cache = DynamicCache()
         output = model(
-            input_ids=prompt_ids_B_P,
-            attention_mask=attention_mask_B_T,
-            position_ids=position_ids_B_T,
+            input_ids=unique_ids_U_P,
+            attention_mask=unique_mask_U_P.long(),
+            position_ids=position_ids_U_P,
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
         )
+        attention_mask_B_T = unique_mask_U_P.long()
+        next_position_B_1 = position_ids_U_P[:, -1:] + 1
+        first_logits_B_1_V = output.logits
+        if len(distinct) < batch:
+            inverse_B = torch.tensor(inverse, dtype=torch.long, device=device)
+            cache.batch_select_indices(inverse_B)
+            attention_mask_B_T = attention_mask_B_T[inverse_B]
+            next_position_B_1 = next_position_B_1[inverse_B]
+            first_logits_B_1_V = first_logits_B_1_V[inverse_B]
 
         tokens_B_C = torch.full((batch, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
         mask_B_C = torch.zeros((batch, max_new_tokens), dtype=torch.bool, device=device)
         logprobs_B_C = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
         finished_B = torch.zeros(batch, dtype=torch.bool, device=device)
         steps = 0
+        logits_B_1_V = first_logits_B_1_V
         for step in range(max_new_tokens):
-            logits_B_V = output.logits[:, -1, :].float() / scale
+            logits_B_V = logits_B_1_V[:, -1, :].float() / scale
             logprobs_B_V = torch.log_softmax(logits_B_V, dim=-1)
             if temperature == 0:
                 token_B = logits_B_V.argmax(dim=-1)
@@ -167,9 +181,10 @@ def sample_completions(
                 input_ids=tokens_B_C[:, step : step + 1],
                 attention_mask=attention_mask_B_T,
                 position_ids=next_position_B_1,
-                past_key_values=output.past_key_values,
+                past_key_values=cache,
                 use_cache=True,
             )
+            logits_B_1_V = output.logits
             next_position_B_1 = next_position_B_1 + 1
 
         return tokens_B_C[:, :steps], mask_B_C[:, :steps], logprobs_B_C[:, :steps]

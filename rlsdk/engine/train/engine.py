@@ -225,6 +225,7 @@ class TrainEngine:
                     temperature=cfg.rollout.temperature,
                     with_entropy=True,
                     entropy_grad=entropy_grad,
+                    share_prompts=cfg.train.share_prompt_prefix,
                 )
                 ref_logprobs_B_C = None
                 if self.ref_model is not None:
@@ -237,6 +238,7 @@ class TrainEngine:
                             mb["completion_mask_B_C"],
                             attention_mask_B_C=mb.get("completion_attention_mask_B_C"),
                             temperature=cfg.rollout.temperature,
+                            share_prompts=cfg.train.share_prompt_prefix,
                         )
                 correct = algo.off_policy != "none"
                 loss, metrics = policy_loss(
