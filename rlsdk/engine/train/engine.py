@@ -77,6 +77,12 @@ class TrainEngine:
                 model.parameters(), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay
             )
             self.model, self.optimizer = accelerator.prepare(model, optimizer)
+            if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
+                # DDP re-broadcasts rank 0's buffers before every forward that syncs gradients (meant for
+                # BatchNorm statistics): a collective that makes the ranks wait for each other. A causal LM's
+                # buffers (rotary inv_freq) are constants every rank builds from the same config, and DDP's
+                # constructor already broadcast them once. (torch 2.13 name of broadcast_buffers.)
+                self.model.forward_sync_buffers = False
         self.ref_model: torch.nn.Module | None = None
         if config.algorithm.kl_coef > 0:
             self.ref_model = AutoModelForCausalLM.from_pretrained(
