@@ -6,7 +6,7 @@
    (:class:`InPlaceWeightTransfer`: a server whose linear layers keep plain weights; the worker copies the file into
    the served parameters through the model's ``load_weights``). The trainer's weights are already in the published
    safetensors file (``/dev/shm``); the clock runs over ``VLLMEngine.load_weights`` (pause -> transfer, with the
-   checksum of what was read on a second thread -> version -> prefix-cache reset -> resume -> ``weight_info``
+   checksum on a second thread and the prefix-cache reset alongside -> version -> resume -> ``weight_info``
    check). Reported as achieved bytes/s (weight bytes / latency) against this machine's memcpy bandwidth measured in
    the same run (one large ``torch`` tensor copy). Target: >= 25%. The trainer's publish (``save_model`` to
    /dev/shm + checksum) is timed separately; the checksum's own cost (BLAKE3 as used, and the former SHA-256) is
@@ -139,9 +139,10 @@ async def sync_latency(model_dir: Path, publish_dir: Path, reps: int, method: st
         "server_start_s": start_s,
         "publish_s": summarize(publish),
         "sync_s": summarize(latency),
-        # Inside the sync: waiting for the pause; the transfer (RPC round trip included), within it reading the
-        # file, vLLM's reload or the in-place copy, and the checksum (which runs alongside the load; checksum_s is
-        # from the end of the read until both are done); then version + prefix-cache reset, resume, read-back.
+        # Inside the sync: waiting for the pause; the transfer (RPC round trip included; the prefix-cache reset
+        # runs alongside), within it opening the file, vLLM's reload or the in-place copy, and the checksum
+        # (which runs alongside the load; checksum_s is from the end of the read until both are done); then the
+        # version, resume, read-back.
         "parts_median_s": {key: statistics.median(values) for key, values in parts.items()},
         "generate_tokens_per_s": tokens_per_s,
         "generate_tokens_per_s_after_syncs": tokens_per_s_after,

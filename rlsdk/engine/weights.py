@@ -38,6 +38,43 @@ def _tensor_bytes(tensor: torch.Tensor) -> Any:
     return tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else b""
 
 
+class StateDictHasher:
+    """:func:`state_dict_checksum` one tensor at a time: ``update(name, tensor)`` in sorted name order, then
+    :meth:`checksum`. For callers that hash tensors as they become ready (the in-place vLLM sync hashes each
+    served parameter right after it is written); equal to :func:`state_dict_checksum` of the same tensors.
+
+    ``max_threads`` (BLAKE3 only): hashing threads per ``update``; 1 when another thread keeps the other core busy.
+
+    Raises:
+        ValueError: ``algorithm`` is neither ``"blake3"`` nor ``"sha256"``.
+    """
+
+    def __init__(self, algorithm: ChecksumAlgorithm = CHECKSUM_ALGORITHM, *, max_threads: int = 1) -> None:
+        if algorithm == "blake3":
+            import blake3
+
+            self._digest: Any = blake3.blake3(max_threads=max_threads)
+        elif algorithm == "sha256":
+            self._digest = hashlib.sha256()
+        else:
+            raise ValueError(f"checksum algorithm {algorithm!r}: expected 'blake3' or 'sha256'")
+        self.algorithm = algorithm
+
+    def update(self, name: str, tensor: torch.Tensor) -> None:
+        """Hash ``name``, ``tensor``'s dtype, shape and raw bytes (read in place, no copy when contiguous)."""
+        digest = self._digest
+        digest.update(name.encode())
+        digest.update(str(tensor.dtype).encode())
+        digest.update(str(tuple(tensor.shape)).encode())
+        # Both read the array's buffer directly (no bytes copy) and release the GIL on large buffers.
+        digest.update(_tensor_bytes(tensor))
+
+    def checksum(self) -> str:
+        """``"blake3:<hex>"`` or, for ``"sha256"``, the bare hex digest (the legacy format)."""
+        hexdigest = self._digest.hexdigest()
+        return f"blake3:{hexdigest}" if self.algorithm == "blake3" else hexdigest
+
+
 def state_dict_checksum(
     state_dict: Mapping[str, torch.Tensor], algorithm: ChecksumAlgorithm = CHECKSUM_ALGORITHM
 ) -> str:
@@ -52,24 +89,11 @@ def state_dict_checksum(
     Raises:
         ValueError: ``algorithm`` is neither ``"blake3"`` nor ``"sha256"``.
     """
-    if algorithm == "blake3":
-        import blake3
-
-        nbytes = sum(t.numel() * t.element_size() for t in state_dict.values())
-        digest: Any = blake3.blake3(max_threads=BLAKE3_MAX_THREADS if nbytes >= BLAKE3_THREADED_MIN_BYTES else 1)
-    elif algorithm == "sha256":
-        digest = hashlib.sha256()
-    else:
-        raise ValueError(f"checksum algorithm {algorithm!r}: expected 'blake3' or 'sha256'")
+    nbytes = sum(t.numel() * t.element_size() for t in state_dict.values())
+    hasher = StateDictHasher(algorithm, max_threads=BLAKE3_MAX_THREADS if nbytes >= BLAKE3_THREADED_MIN_BYTES else 1)
     for name in sorted(state_dict):
-        tensor = state_dict[name]
-        digest.update(name.encode())
-        digest.update(str(tensor.dtype).encode())
-        digest.update(str(tuple(tensor.shape)).encode())
-        # Both read the array's buffer directly (no bytes copy).
-        digest.update(_tensor_bytes(tensor))
-    hexdigest = digest.hexdigest()
-    return f"blake3:{hexdigest}" if algorithm == "blake3" else hexdigest
+        hasher.update(name, state_dict[name])
+    return hasher.checksum()
 
 
 def checksum_algorithm(checksum: str) -> ChecksumAlgorithm:

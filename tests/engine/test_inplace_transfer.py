@@ -148,3 +148,174 @@ print("ok")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
 
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
+
+
+class _Trainer(torch.nn.Module):
+    """The trainer's side: separate q/k projections, an embedding tied to the output head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        self.embed = torch.nn.Embedding(10, 4)
+        self.q = torch.nn.Linear(4, 4, bias=False)
+        self.k = torch.nn.Linear(4, 2, bias=False)
+        self.proj = torch.nn.Linear(4, 3, bias=False)
+        self.head = torch.nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight
+        with torch.no_grad():
+            for param in self.parameters():
+                param.copy_(torch.randn(param.shape, generator=generator))
+
+
+class _ServedModel(torch.nn.Module):
+    """vLLM's side, as its weight loaders see it: q/k fused into one parameter (row slices), a vocabulary padded
+    past the file's (a row slice), a tied head the loader skips, and one weight stored transposed (a loader that
+    transforms its tensor: no plain copy). ``after_copy`` runs on each parameter slice once written."""
+
+    def __init__(self, after_copy: Any = None) -> None:
+        super().__init__()
+        self.qk = torch.nn.Parameter(torch.zeros(6, 4), requires_grad=False)
+        self.embed = torch.nn.Parameter(torch.zeros(12, 4), requires_grad=False)
+        self.proj_t = torch.nn.Parameter(torch.zeros(4, 3), requires_grad=False)
+        self.after_copy = after_copy
+
+    def load_weights(self, weights: Any) -> set[str]:
+        loaded = set()
+        for name, tensor in weights:
+            if name == "head.weight":
+                continue  # tied to embed, as vLLM's tie_word_embeddings models skip lm_head
+            if name == "proj.weight":
+                self.proj_t.data.copy_(tensor.t())
+                loaded.add("proj_t")
+                continue
+            target = {"q.weight": self.qk[:4], "k.weight": self.qk[4:], "embed.weight": self.embed[:10]}[name]
+            target.copy_(tensor)
+            if self.after_copy is not None:
+                self.after_copy(target)
+            loaded.add({"embed.weight": "embed"}.get(name, "qk"))
+        return loaded
+
+
+def _publish(tmp_path: Any) -> tuple[_Trainer, str]:
+    from safetensors.torch import save_model
+
+    trainer = _Trainer()
+    path = str(tmp_path / "v1.safetensors")
+    save_model(trainer, path)  # keeps one of the tied names, the other in the metadata
+    return trainer, path
+
+
+def _load_in_place(path: str, served: _ServedModel) -> tuple[str | None, vllm_worker.PublishedFile]:
+    import threading
+
+    published = vllm_worker.PublishedFile(path)
+    try:
+        hasher = vllm_worker.ServedWeightsHasher(published, published.state_dict())
+        thread = threading.Thread(target=hasher.run)
+        thread.start()
+        with torch.no_grad(), vllm_worker.read_into_parameters(published, hasher.written):
+            served.load_weights((name, hasher.state_dict[name]) for name in hasher.order)
+        hasher.finish()
+        thread.join()
+        assert hasher.error is None
+    finally:
+        published.close()
+    return hasher.checksum, published
+
+
+def test_inplace_load_reads_the_file_into_parameter_slices_and_hashes_them_to_the_trainers_checksum(
+    tmp_path: Any,
+) -> None:
+    from rlsdk.engine.weights import state_dict_checksum
+
+    trainer, path = _publish(tmp_path)
+    served = _ServedModel()
+
+    checksum, published = _load_in_place(path, served)
+
+    assert checksum == state_dict_checksum(trainer.state_dict())
+    torch.testing.assert_close(served.qk, torch.cat([trainer.q.weight, trainer.k.weight]), rtol=0.0, atol=0.0)
+    torch.testing.assert_close(served.embed[:10], trainer.embed.weight, rtol=0.0, atol=0.0)
+    torch.testing.assert_close(served.proj_t, trainer.proj.weight.t(), rtol=0.0, atol=0.0)
+    assert served.embed[10:].abs().sum() == 0  # the padding rows are left alone
+    # Every plain copy went straight from the file; the transposed one read through the mapping.
+    assert published.direct_bytes == published.nbytes - trainer.proj.weight.numel() * 4
+
+
+def test_inplace_checksum_covers_the_served_bytes_so_a_parameter_changed_after_its_write_does_not_verify(
+    tmp_path: Any,
+) -> None:
+    from rlsdk.engine.weights import state_dict_checksum
+
+    trainer, path = _publish(tmp_path)
+    served = _ServedModel(after_copy=lambda target: target.mul_(2.0))
+
+    checksum, _ = _load_in_place(path, served)
+
+    assert checksum != state_dict_checksum(trainer.state_dict())
+
+
+def _plain_worker(monkeypatch: pytest.MonkeyPatch, served: _ServedModel) -> Any:
+    import contextlib
+    import types
+
+    monkeypatch.setitem(vllm_worker._PLAIN_WEIGHTS, "active", True)
+    monkeypatch.setitem(vllm_worker._PLAIN_WEIGHTS, "delegated", [])
+    # vLLM's config context, without importing vLLM (its import changes process-wide state).
+    fake_vllm = types.ModuleType("vllm")
+    fake_config = types.ModuleType("vllm.config")
+    fake_config.set_current_vllm_config = lambda config: contextlib.nullcontext()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm)
+    monkeypatch.setitem(sys.modules, "vllm.config", fake_config)
+
+    class Worker(vllm_worker.WeightSyncExtension):
+        vllm_config = None
+
+        class model_runner:
+            @staticmethod
+            def get_model() -> torch.nn.Module:
+                return served
+
+    return Worker()
+
+
+def test_rlsdk_update_weights_inplace_returns_the_trainers_checksum_and_records_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    from rlsdk.engine.weights import state_dict_checksum
+
+    trainer, path = _publish(tmp_path)
+    worker = _plain_worker(monkeypatch, _ServedModel())
+
+    result = worker.rlsdk_update_weights_inplace(path)
+
+    assert "error" not in result, result
+    assert result["checksum"] == state_dict_checksum(trainer.state_dict()) == worker.rlsdk_weight_info()["checksum"]
+    assert result["inplace"] is True and 0 < result["direct_bytes"] < result["bytes"]
+
+
+def test_rlsdk_update_weights_inplace_failing_midway_reports_loaded_and_clears_the_recorded_checksum(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    _, path = _publish(tmp_path)
+
+    def fail(target: torch.Tensor) -> None:
+        raise RuntimeError("loader broke")
+
+    worker = _plain_worker(monkeypatch, _ServedModel(after_copy=fail))
+    worker._rlsdk_checksum = "blake3:" + "c" * 64
+
+    result = worker.rlsdk_update_weights_inplace(path)
+
+    assert result["loaded"] is True and "loader broke" in result["error"] and path in result["error"]
+    assert worker.rlsdk_weight_info()["checksum"] is None
+
+
+def test_published_file_with_a_header_past_its_end_raises_value_error_naming_the_file(tmp_path: Any) -> None:
+    import struct
+
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(struct.pack("<Q", 1 << 20) + b"{}")
+
+    with pytest.raises(ValueError, match=r"bad\.safetensors"):
+        vllm_worker.PublishedFile(str(path))

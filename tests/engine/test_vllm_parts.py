@@ -123,7 +123,45 @@ def test_vllm_sync_that_times_out_raises_naming_version_server_and_cause_and_sti
     error = asyncio.run(scenario())
 
     assert "v7" in str(error) and "http://127.0.0.1:9" in str(error) and "timed out" in str(error)
-    assert calls == ["/pause", "/collective_rpc", "/resume"]
+    # Paused at level-0 sleep (vLLM's /pause adds a fixed 20 ms sleep), the prefix cache reset alongside the
+    # transfer, then resumed: /wake_up did not answer "awake", so /resume too.
+    assert calls[0] == "/sleep" and sorted(calls[1:3]) == ["/collective_rpc", "/reset_prefix_cache"]
+    assert calls[3:] == ["/wake_up", "/resume"]
+
+
+def test_vllm_sync_whose_prefix_cache_reset_fails_raises_naming_the_step_and_resumes_without_a_new_version() -> None:
+    import asyncio
+
+    httpx = pytest.importorskip("httpx", reason="httpx comes with the vllm extra")
+    from rlsdk.engine.inference.vllm import VLLMEngine, WeightSyncError
+
+    calls: list[str] = []
+    checksum = "blake3:" + "a" * 64
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if request.url.path == "/collective_rpc":
+            return httpx.Response(200, json={"results": [{"checksum": checksum, "bytes": 8}]})
+        if request.url.path == "/reset_prefix_cache":
+            return httpx.Response(200, json={"success": False})
+        if request.url.path == "/wake_up":
+            return httpx.Response(200, json={"status": "awake", "tags": ["scheduling"]})
+        return httpx.Response(200, json={})
+
+    async def scenario() -> WeightSyncError:
+        engine = VLLMEngine("http://127.0.0.1:9", pad_token_id=0, sync_timeout_s=5.0)
+        engine._client = httpx.AsyncClient(base_url=engine.url, transport=httpx.MockTransport(handler))
+        try:
+            with pytest.raises(WeightSyncError) as info:
+                await engine.load_weights("/dev/shm/v3.safetensors", 3)
+        finally:
+            await engine.close()
+        return info.value
+
+    error = asyncio.run(scenario())
+
+    assert "v3" in str(error) and "reset_prefix_cache" in str(error) and "success" in str(error)
+    assert "/update_weight_version" not in calls and calls[-1] == "/wake_up"
 
 
 def test_request_seeds_of_consecutive_rollouts_do_not_share_sample_streams() -> None:

@@ -13,8 +13,10 @@ worker extension :class:`~rlsdk.engine.inference.vllm_plain_worker.PlainWeightSy
 vLLM's CPU GEMM dispatch to ``torch.nn.functional.linear`` before the model loads. A server started without it
 (e.g. attached by URL) answers that in-place is unavailable without touching its weights; the transfer then
 logs why and uses the reload path for that and every later push. A failure after the copy began also falls back
-to a full reload (which rewrites every weight). The checksum contract is the file path's: the worker hashes what
-it read, under the trainer's names.
+to a full reload (which rewrites every weight). Every plain copy the model's loaders make reads the file straight
+into the parameter slice, and the checksum is computed from those served slices (from the file only for a tensor
+no loader copied whole, e.g. a tied alias), under the trainer's names: see
+:meth:`~rlsdk.engine.inference.vllm_worker.WeightSyncExtension.rlsdk_update_weights_inplace`.
 
 This module imports neither torch nor vLLM: the controller builds transfers on any machine.
 """

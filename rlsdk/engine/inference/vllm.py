@@ -5,13 +5,13 @@ endpoint ``/inference/v1/generate`` (no detokenise/retokenise round trip). The s
 :class:`~rlsdk.engine.inference.vllm_server.VLLMServer` (started by :meth:`VLLMEngine.start`) or is already
 running (:meth:`VLLMEngine.attach`).
 
-A weight sync (:meth:`VLLMEngine.load_weights`) is: ``/pause?mode=wait`` (in-flight requests finish on the old
-weights; new ones queue) -> the weight transfer (by default :class:`FileWeightTransfer`: the worker extension
-reloads the published file; opt-in :class:`~rlsdk.engine.inference.inplace_transfer.InPlaceWeightTransfer` copies
-it into plain served parameters; both checksum what they read) ->
-``/update_weight_version`` -> ``/reset_prefix_cache`` -> ``/resume``, and ``/resume`` runs whatever happened
-before it. Every step has a timeout; a failure raises :class:`WeightSyncError` naming the version, the
-server and the cause.
+A weight sync (:meth:`VLLMEngine.load_weights`) is: ``/sleep?level=0&mode=wait`` (vLLM's scheduler pause:
+in-flight requests finish on the old weights, new ones queue; ``/pause`` adds a fixed 20 ms sleep) -> the weight
+transfer (by default :class:`FileWeightTransfer`: the worker extension reloads the published file; opt-in
+:class:`~rlsdk.engine.inference.inplace_transfer.InPlaceWeightTransfer` writes it into plain served parameters;
+both checksum what they load) with ``/reset_prefix_cache`` alongside -> ``/update_weight_version`` ->
+``/wake_up?tags=scheduling`` (resume), and the resume runs whatever happened before it. Every step has a
+timeout; a failure raises :class:`WeightSyncError` naming the version, the server and the cause.
 
 Requires ``httpx`` (installed with the ``vllm`` extra); imported when an engine is built.
 """
@@ -359,9 +359,10 @@ class VLLMEngine:
     async def load_weights(self, path: str, version: int) -> WeightInfo:
         """Load the weights published at ``path`` and serve them as ``version``; returns what the server serves.
 
-        Pauses the server (``mode=wait``: requests in flight complete on the old weights, later ones queue and
-        run on the new ones after ``/resume``), pushes the weights through the transfer, sets the version,
-        clears the prefix cache and ALWAYS resumes, also on failure.
+        Pauses the server's scheduler (``/sleep?level=0&mode=wait``: requests in flight complete on the old
+        weights, later ones queue and run on the new ones after the resume), pushes the weights through the
+        transfer while clearing the prefix cache (checked: vLLM answers ``success``), sets the version and ALWAYS
+        resumes, also on failure.
 
         Raises:
             WeightSyncError: any step failed or took longer than ``sync_timeout_s``; names the version, the
@@ -378,23 +379,40 @@ class VLLMEngine:
             resume_failure: Exception | None = None
             try:
                 try:
-                    await self._post("/pause", params={"mode": "wait"}, timeout_s=timeout)
+                    # vLLM's /pause?mode=wait ends with a fixed 20 ms asyncio.sleep (AsyncLLM.pause_generation,
+                    # "not required for correctness"): most of an idle pause. /sleep?level=0&mode=wait runs the
+                    # same engine-core pause (pause_scheduler, mode "wait": in-flight requests finish on the old
+                    # weights, new ones queue) without it and without clearing caches, which this sync does itself
+                    # below. Token weight versions are stamped in the engine core, so no output is mislabelled.
+                    await self._post("/sleep", params={"level": 0, "mode": "wait"}, timeout_s=timeout)
                     paused_s = time.perf_counter() - start
                     step = f"weight transfer ({self.transfer.name}) of {path}"
-                    loaded = await self.transfer.push(self._rpc, path, version, timeout)
-                    marks["transfer"] = time.perf_counter()
-                    # The prefix cache reset: KV blocks computed with the old weights must not be reused.
-                    step = "update_weight_version and reset_prefix_cache"
-                    await asyncio.gather(
-                        self._post("/update_weight_version", json={"new_version": str(version)}, timeout_s=timeout),
+                    # The prefix-cache reset (KV blocks computed with the old weights must not be reused) runs
+                    # while the weights load: nothing is scheduled while paused, so no new block can be cached
+                    # between the two. Only the rlsdk token-in/out text endpoint is served: no multimodal or
+                    # encoder cache to clear.
+                    pushed, reset = await asyncio.gather(
+                        self.transfer.push(self._rpc, path, version, timeout),
                         self._post("/reset_prefix_cache", timeout_s=timeout),
+                        return_exceptions=True,
                     )
+                    if isinstance(pushed, BaseException):
+                        raise pushed
+                    loaded = pushed
+                    marks["transfer"] = time.perf_counter()
+                    step = "reset_prefix_cache"
+                    if isinstance(reset, BaseException):
+                        raise reset
+                    if isinstance(reset, dict) and reset.get("success") is False:
+                        raise RuntimeError(f"POST {self.url}/reset_prefix_cache answered {reset}")
+                    step = "update_weight_version"
+                    await self._post("/update_weight_version", json={"new_version": str(version)}, timeout_s=timeout)
                     marks["version"] = time.perf_counter()
                 except Exception as exc:
                     failure = (step, exc)
             finally:  # also on cancellation: never leave the server paused
                 try:
-                    await self._post("/resume", timeout_s=timeout)
+                    await self._resume(timeout)
                     marks["resume"] = time.perf_counter()
                 except Exception as exc:
                     resume_failure = exc
@@ -414,7 +432,8 @@ class VLLMEngine:
                 "version": version,
                 "seconds": end - start,
                 "pause_s": paused_s,
-                # The steps after the pause: the transfer, version + prefix-cache reset, resume, and the read-back.
+                # The steps after the pause: the transfer (with the prefix-cache reset alongside), the version,
+                # resume, and the read-back.
                 "transfer_s": marks["transfer"] - start - paused_s,
                 "version_s": marks["version"] - marks["transfer"],
                 "resume_s": marks["resume"] - marks["version"],
@@ -434,6 +453,14 @@ class VLLMEngine:
                 self.last_sync["seconds"],
             )
             return info
+
+    async def _resume(self, timeout_s: float) -> None:
+        """End the level-0 sleep of :meth:`load_weights`: ``/wake_up?tags=scheduling`` resumes the scheduler and
+        marks the engine awake in vLLM's metrics. ``/resume`` (unconditional) when that did not leave it awake,
+        e.g. because someone put the executor to sleep meanwhile: a sync never leaves the server paused."""
+        body = await self._post("/wake_up", params={"tags": "scheduling"}, timeout_s=timeout_s)
+        if not (isinstance(body, dict) and body.get("status") == "awake"):
+            await self._post("/resume", timeout_s=timeout_s)
 
     async def weight_info(self) -> WeightInfo:
         """The version the server reports (``/weight_info``) and the checksum of the weights its worker loaded
