@@ -448,9 +448,9 @@ class Session:
             select_weight_transfer,
         )
 
-        # GPU nodes (launch.gpus_per_node > 0): NCCL broadcast from trainer rank 0; else the shared-memory file.
+        # inference.weight_transfer 'auto': NCCL broadcast from trainer rank 0 on GPU nodes, else the file reload.
         trainer = RankCommandTrainer(lambda body, t: self._broadcast(NCCL_RANK_COMMAND, body, timeout_s=t))
-        transfer = select_weight_transfer(cfg.launch, trainer)
+        transfer = select_weight_transfer(cfg.launch, trainer, inference.weight_transfer)
         url = inference.url
         if url is None and getattr(self._launcher, "vllm_replicas", 0) > 0:
             # The Slurm job runs the replica on a node of its own; its endpoint comes back once it is healthy.

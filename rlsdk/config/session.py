@@ -65,6 +65,13 @@ class SessionConfig:
                 self.model.dtype,
                 "'float32' when inference.engine='vllm' (the server runs with --dtype float32)",
             )
+        if self.inference.weight_transfer == "inplace" and self.launch.gpus_per_node > 0:
+            raise ConfigError(
+                "inference.weight_transfer",
+                self.inference.weight_transfer,
+                f"'auto' or 'reload' when launch.gpus_per_node = {self.launch.gpus_per_node} > 0 ('inplace' is the "
+                "CPU path: it copies a shared-memory file into plain CPU weights)",
+            )
         if self.algorithm.resolved().advantage == "rloo" and self.rollout.group_size < 2:
             raise ConfigError(
                 "rollout.group_size",

@@ -88,7 +88,7 @@ class VllmReplicaSpec:
 
         python = python or sys.executable
         launch, inference = config.launch, config.inference
-        extra = list(weight_transfer_class(launch).SERVER_ARGS)
+        extra = list(weight_transfer_class(launch, inference.weight_transfer).SERVER_ARGS)
         replaced = ("--host", "--port", *(arg for arg in extra if arg == "--worker-extension-cls"))
         if launch.inference_tensor_parallel_size > 1:
             extra += ["--tensor-parallel-size", str(launch.inference_tensor_parallel_size)]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlsdk import Session, SessionConfig
-from rlsdk.config import InferenceConfig, LaunchConfig
+from rlsdk.config import InferenceConfig, LaunchConfig, ModelConfig
 from rlsdk.engine.inference import nccl_sync
 from rlsdk.engine.inference.protocol import WeightInfo
 from rlsdk.engine.inference.weight_transfer import (
@@ -53,10 +53,38 @@ def test_select_weight_transfer_without_gpus_picks_the_shared_memory_file() -> N
     assert weight_transfer_class(LaunchConfig()).SERVER_ARGS == ()
 
 
-@pytest.mark.parametrize(("gpus_per_node", "expected"), [(8, NcclWeightTransfer), (0, FileWeightTransfer)])
+def test_select_weight_transfer_explicit_choice_overrides_the_topology() -> None:
+    from rlsdk.engine.inference.inplace_transfer import PLAIN_WORKER_EXTENSION, InPlaceWeightTransfer
+
+    inplace = select_weight_transfer(LaunchConfig(), _unused_trainer(), "inplace")
+    reload = select_weight_transfer(GPU_LAUNCH, _unused_trainer(), "reload")
+
+    assert isinstance(inplace, InPlaceWeightTransfer)
+    assert tuple(inplace.server_args()) == ("--worker-extension-cls", PLAIN_WORKER_EXTENSION)
+    assert type(reload) is FileWeightTransfer
+
+
+def test_inplace_weight_transfer_on_gpu_nodes_raises_config_error_naming_both_fields() -> None:
+    from rlsdk.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"inference\.weight_transfer.*launch\.gpus_per_node = 8 > 0"):
+        SessionConfig(
+            model=ModelConfig(path="unused"),
+            launch=GPU_LAUNCH,
+            inference=InferenceConfig(engine="vllm", weight_transfer="inplace"),
+        )
+
+
+@pytest.mark.parametrize(
+    ("gpus_per_node", "choice", "expected"),
+    [(8, "auto", NcclWeightTransfer), (0, "auto", FileWeightTransfer), (0, "inplace", None), (8, "reload", None)],
+)
 def test_session_build_engine_gives_the_vllm_engine_the_transfer_of_the_topology(
-    small_config: SessionConfig, monkeypatch: pytest.MonkeyPatch, gpus_per_node: int, expected: type
+    small_config: SessionConfig, monkeypatch: pytest.MonkeyPatch, gpus_per_node: int, choice: str, expected: Any
 ) -> None:
+    from rlsdk.engine.inference.inplace_transfer import InPlaceWeightTransfer
+
+    expected = expected or {"inplace": InPlaceWeightTransfer, "reload": FileWeightTransfer}[choice]
     from rlsdk.engine.inference.vllm import VLLMEngine
 
     seen: dict[str, Any] = {}
@@ -69,7 +97,7 @@ def test_session_build_engine_gives_the_vllm_engine_the_transfer_of_the_topology
     config = dataclasses.replace(
         small_config,
         launch=dataclasses.replace(small_config.launch, gpus_per_node=gpus_per_node),
-        inference=InferenceConfig(engine="vllm", url="http://10.0.0.9:8000"),
+        inference=InferenceConfig(engine="vllm", url="http://10.0.0.9:8000", weight_transfer=choice),  # type: ignore[arg-type]
     )
 
     engine = asyncio.run(Session(config)._build_engine())

@@ -16,12 +16,16 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from rlsdk.versioning import WeightMismatchError
 
 if TYPE_CHECKING:
     from rlsdk.config import LaunchConfig
+    from rlsdk.engine.inference.inplace_transfer import InPlaceWeightTransfer
+
+# InferenceConfig.weight_transfer
+WeightTransferChoice = Literal["auto", "reload", "inplace"]
 
 # (method, kwargs, timeout_s) -> one result per server worker
 CollectiveRpc = Callable[[str, dict[str, Any], float], Awaitable[list[Any]]]
@@ -258,15 +262,28 @@ def _raise_worker_errors(results: Sequence[Any]) -> None:
         raise RuntimeError(f"vLLM workers returned {results!r}; expected one dict per worker")
 
 
-def weight_transfer_class(launch: LaunchConfig) -> type[FileWeightTransfer] | type[NcclWeightTransfer]:
-    """The transfer for this topology: :class:`NcclWeightTransfer` when the nodes have GPUs
-    (``launch.gpus_per_node > 0``), else :class:`FileWeightTransfer` (shared memory on one host). Its
-    ``SERVER_ARGS`` are what a server started elsewhere (a Slurm replica) needs."""
+def weight_transfer_class(
+    launch: LaunchConfig, choice: WeightTransferChoice = "auto"
+) -> type[FileWeightTransfer] | type[NcclWeightTransfer] | type[InPlaceWeightTransfer]:
+    """The transfer for ``inference.weight_transfer`` = ``choice`` on this topology: 'auto' is
+    :class:`NcclWeightTransfer` when the nodes have GPUs (``launch.gpus_per_node > 0``), else
+    :class:`FileWeightTransfer` (shared memory on one host); 'reload' is :class:`FileWeightTransfer` and 'inplace'
+    :class:`~rlsdk.engine.inference.inplace_transfer.InPlaceWeightTransfer` (CPU). Its ``SERVER_ARGS`` are what
+    a server started elsewhere (a Slurm replica) needs."""
+    if choice == "inplace":
+        from rlsdk.engine.inference.inplace_transfer import InPlaceWeightTransfer
+
+        return InPlaceWeightTransfer
+    if choice == "reload":
+        return FileWeightTransfer
     return NcclWeightTransfer if launch.gpus_per_node > 0 else FileWeightTransfer
 
 
-def select_weight_transfer(launch: LaunchConfig, trainer: TrainerEndpoint) -> WeightTransfer:
+def select_weight_transfer(
+    launch: LaunchConfig, trainer: TrainerEndpoint, choice: WeightTransferChoice = "auto"
+) -> WeightTransfer:
     """The transfer :func:`weight_transfer_class` picks, built; ``trainer`` reaches trainer rank 0 (NCCL only)."""
-    if weight_transfer_class(launch) is NcclWeightTransfer:
+    cls = weight_transfer_class(launch, choice)
+    if cls is NcclWeightTransfer:
         return NcclWeightTransfer(trainer)
-    return FileWeightTransfer()
+    return cls()  # type: ignore[call-arg]
