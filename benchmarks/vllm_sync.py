@@ -5,14 +5,16 @@
    re-runs ``process_weights_after_loading`` and repacks every linear weight into oneDNN form) and ``inplace``
    (:class:`InPlaceWeightTransfer`: a server whose linear layers keep plain weights; the worker copies the file into
    the served parameters through the model's ``load_weights``). The trainer's weights are already in the published
-   safetensors file (``/dev/shm``); the clock runs over ``VLLMEngine.load_weights`` (pause -> transfer, with the
-   checksum on a second thread and the prefix-cache reset alongside -> version -> resume -> ``weight_info``
-   check). Reported as achieved bytes/s (weight bytes / latency) against this machine's memcpy bandwidth measured in
-   the same run (one large ``torch`` tensor copy). Target: >= 25%. The trainer's publish (``save_model`` to
-   /dev/shm + checksum) is timed separately; the checksum's own cost (BLAKE3 as used, and the former SHA-256) is
-   measured on each model's state dict. Each server's generation speed (tokens/s, plain ``F.linear`` vs oneDNN
-   packed weights) is measured too. Models: the tiny policy (head_dim 32) and, unless ``--quick``, a
-   ~113M-parameter Qwen2-style model built locally with random init (hidden 768, 12 layers, 12 heads, MLP 3072).
+   safetensors file (``/dev/shm``, published as ``TrainEngine.export_weights`` does: from the second version on the
+   previous file is rewritten in place, which the in-place server keeps mapped); the clock runs over
+   ``VLLMEngine.load_weights`` (pause -> transfer, with the checksum on a second thread and the prefix-cache reset
+   alongside -> version -> resume -> ``weight_info`` check). Reported as achieved bytes/s (weight bytes / latency)
+   against this machine's memcpy bandwidth measured in the same run (one large ``torch`` tensor copy). Target: >=
+   25%. The trainer's publish (``save_model`` to /dev/shm + checksum) is timed separately; the checksum's own cost
+   (BLAKE3 as used, and the former SHA-256) is measured on each model's state dict. Each server's generation speed
+   (tokens/s, plain ``F.linear`` vs oneDNN packed weights) is measured too. Models: the tiny policy (head_dim 32)
+   and, unless ``--quick``, a ~113M-parameter Qwen2-style model built locally with random init (hidden 768, 12
+   layers, 12 heads, MLP 3072).
 2. Rollout tokens/s through the Session (``session.rollout()``: tokenise, one ``n``-sample request per prompt,
    tensors out) against a raw ``httpx`` client sending the same requests to the same server. Target: ratio
    >= 0.9. Interleaved repetitions (A B A B ...).
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -55,12 +58,12 @@ def memcpy_bandwidth(nbytes: int = 256 << 20, reps: int = 5) -> float:
 
 
 def hash_bandwidth(state_dict: dict[str, object], reps: int = 3) -> dict[str, float]:
-    """Bytes/s of ``state_dict_checksum`` (best of ``reps``) with BLAKE3 (as used) and SHA-256 (before)."""
+    """Bytes/s of ``state_dict_checksum`` (best of ``reps``) with XXH3-128 (as used), BLAKE3 and SHA-256 (before)."""
     from rlsdk.engine.weights import state_dict_checksum
 
     nbytes = sum(t.numel() * t.element_size() for t in state_dict.values())  # type: ignore[attr-defined]
     found = {}
-    for algorithm in ("blake3", "sha256"):
+    for algorithm in ("xxh3", "blake3", "sha256"):
         best = float("inf")
         for _ in range(reps):
             start = time.perf_counter()
@@ -94,6 +97,7 @@ async def sync_latency(model_dir: Path, publish_dir: Path, reps: int, method: st
     from rlsdk.engine.inference.inplace_transfer import InPlaceWeightTransfer
     from rlsdk.engine.inference.vllm import VLLMEngine
     from rlsdk.engine.inference.weight_transfer import FileWeightTransfer
+    from rlsdk.engine.train.engine import publish_safetensors
     from rlsdk.engine.weights import state_dict_checksum
 
     transfer = InPlaceWeightTransfer() if method == "inplace" else FileWeightTransfer()
@@ -113,10 +117,11 @@ async def sync_latency(model_dir: Path, publish_dir: Path, reps: int, method: st
             with torch.no_grad():
                 for p in model.parameters():
                     p.add_(1e-3)
-            path = publish_dir / f"v{version}.safetensors"
             t0 = time.perf_counter()
-            save_model(model, str(path))
-            checksum = state_dict_checksum(model.state_dict())
+            # As TrainEngine.export_weights: the previous version's file rewritten in place, or a new file.
+            state_dict = model.state_dict()
+            path = Path(publish_safetensors(state_dict, str(publish_dir), version, lambda tmp: save_model(model, tmp)))
+            checksum = state_dict_checksum(state_dict)
             publish.append(time.perf_counter() - t0)
             nbytes = path.stat().st_size
             t0 = time.perf_counter()
@@ -128,10 +133,11 @@ async def sync_latency(model_dir: Path, publish_dir: Path, reps: int, method: st
                 raise RuntimeError(f"sync v{version} not verified: {info}")
             if bool(engine.last_sync.get("inplace")) != (method == "inplace"):
                 raise RuntimeError(f"{method} sync of v{version} took another path: {engine.last_sync}")
-            path.unlink()
         tokens_per_s_after = await generation_speed(engine, model.config.vocab_size)
     finally:
         await engine.close()
+        for leftover in publish_dir.glob("v*.safetensors"):
+            leftover.unlink()
     return {
         "method": method,
         "parameters": params,
@@ -214,66 +220,71 @@ async def main() -> None:
     publish_dir = Path(
         tempfile.mkdtemp(prefix="rlsdk-bench-weights-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     )
-    memcpy = memcpy_bandwidth()
-    print(f"memcpy bandwidth: {memcpy / 1e9:.2f} GB/s")
-    models = {"tiny (head_dim 32)": build_tiny_policy(root / "tiny", seed=0, num_heads=2)}
-    if not args.quick:
-        models["~113M random init"] = build_tiny_policy(root / "big", seed=0, **BIG)
-    results: dict[str, object] = {"benchmark": "vllm_sync", "quick": args.quick}
-    results.update({"memcpy_bytes_per_s": memcpy, "sync": {}})
-    rows = []
-    for name, model_dir in models.items():
-        for method in ("reload", "inplace"):
-            result = await sync_latency(model_dir, publish_dir, reps, method)
-            results["sync"][f"{name} / {method}"] = result  # type: ignore[index]
-            median = result["sync_s"]["median"]  # type: ignore[index]
-            achieved = result["bytes"] / median  # type: ignore[operator]
-            result["achieved_bytes_per_s"] = achieved
-            result["fraction_of_memcpy"] = achieved / memcpy
-            hashes = result["hash"]
-            print(
-                f"{name} / {method}: {result['parameters'] / 1e6:.1f}M params, {result['bytes'] / 1e6:.1f} MB; "
-                f"server start {result['server_start_s']:.1f} s; publish "
-                f"{result['publish_s']['median'] * 1e3:.1f} ms; sync {median * 1e3:.1f} ms = "  # type: ignore[index]
-                f"{achieved / 1e9:.3f} GB/s = {achieved / memcpy:.1%} of memcpy"
-            )
-            print(
-                "  inside the sync (median ms): "
-                + ", ".join(
-                    f"{key[:-2]} {value * 1e3:.1f}"
-                    for key, value in result["parts_median_s"].items()  # type: ignore[union-attr]
+    try:
+        memcpy = memcpy_bandwidth()
+        print(f"memcpy bandwidth: {memcpy / 1e9:.2f} GB/s")
+        models = {"tiny (head_dim 32)": build_tiny_policy(root / "tiny", seed=0, num_heads=2)}
+        if not args.quick:
+            models["~113M random init"] = build_tiny_policy(root / "big", seed=0, **BIG)
+        results: dict[str, object] = {"benchmark": "vllm_sync", "quick": args.quick}
+        results.update({"memcpy_bytes_per_s": memcpy, "sync": {}})
+        rows = []
+        for name, model_dir in models.items():
+            for method in ("reload", "inplace"):
+                result = await sync_latency(model_dir, publish_dir, reps, method)
+                results["sync"][f"{name} / {method}"] = result  # type: ignore[index]
+                median = result["sync_s"]["median"]  # type: ignore[index]
+                achieved = result["bytes"] / median  # type: ignore[operator]
+                result["achieved_bytes_per_s"] = achieved
+                result["fraction_of_memcpy"] = achieved / memcpy
+                hashes = result["hash"]
+                print(
+                    f"{name} / {method}: {result['parameters'] / 1e6:.1f}M params, {result['bytes'] / 1e6:.1f} MB; "
+                    f"server start {result['server_start_s']:.1f} s; publish "
+                    f"{result['publish_s']['median'] * 1e3:.1f} ms; sync {median * 1e3:.1f} ms = "  # type: ignore[index]
+                    f"{achieved / 1e9:.3f} GB/s = {achieved / memcpy:.1%} of memcpy"
                 )
-                + f"; hash blake3 {hashes['blake3_bytes_per_s'] / 1e9:.2f} GB/s, sha256 "  # type: ignore[index]
-                f"{hashes['sha256_bytes_per_s'] / 1e9:.2f} GB/s; generate "  # type: ignore[index]
-                f"{result['generate_tokens_per_s']:.0f} tok/s (after syncs "
-                f"{result['generate_tokens_per_s_after_syncs']:.0f})"
-            )
-            rows.append(
+                print(
+                    "  inside the sync (median ms): "
+                    + ", ".join(
+                        f"{key[:-2]} {value * 1e3:.1f}"
+                        for key, value in result["parts_median_s"].items()  # type: ignore[union-attr]
+                    )
+                    + f"; hash xxh3 {hashes['xxh3_bytes_per_s'] / 1e9:.2f} GB/s, "  # type: ignore[index]
+                    f"blake3 {hashes['blake3_bytes_per_s'] / 1e9:.2f} GB/s, sha256 "  # type: ignore[index]
+                    f"{hashes['sha256_bytes_per_s'] / 1e9:.2f} GB/s; generate "  # type: ignore[index]
+                    f"{result['generate_tokens_per_s']:.0f} tok/s (after syncs "
+                    f"{result['generate_tokens_per_s_after_syncs']:.0f})"
+                )
+                rows.append(
+                    {
+                        "name": f"sync {name} / {method}",
+                        **{k: v * 1e3 for k, v in result["sync_s"].items() if k != "n"},  # type: ignore[union-attr]
+                        "of memcpy": achieved / memcpy,
+                    }
+                )
+        print_table("sync latency (published -> verified)", rows, "ms")
+        throughput = await rollout_throughput(models["tiny (head_dim 32)"], root / "session", reps)
+        results["rollout"] = throughput
+        session_median = throughput["session_tokens_per_s"]["median"]  # type: ignore[index]
+        raw_median = throughput["raw_tokens_per_s"]["median"]  # type: ignore[index]
+        throughput["ratio"] = session_median / raw_median
+        print_table(
+            "rollout throughput, 16 prompts x 16 samples x <=16 tokens (tiny model)",
+            [
+                {"name": "raw httpx client", **{k: v for k, v in throughput["raw_tokens_per_s"].items() if k != "n"}},  # type: ignore[union-attr]
                 {
-                    "name": f"sync {name} / {method}",
-                    **{k: v * 1e3 for k, v in result["sync_s"].items() if k != "n"},  # type: ignore[union-attr]
-                    "of memcpy": achieved / memcpy,
-                }
-            )
-    print_table("sync latency (published -> verified)", rows, "ms")
-    throughput = await rollout_throughput(models["tiny (head_dim 32)"], root / "session", reps)
-    results["rollout"] = throughput
-    session_median = throughput["session_tokens_per_s"]["median"]  # type: ignore[index]
-    raw_median = throughput["raw_tokens_per_s"]["median"]  # type: ignore[index]
-    throughput["ratio"] = session_median / raw_median
-    print_table(
-        "rollout throughput, 16 prompts x 16 samples x <=16 tokens (tiny model)",
-        [
-            {"name": "raw httpx client", **{k: v for k, v in throughput["raw_tokens_per_s"].items() if k != "n"}},  # type: ignore[union-attr]
-            {
-                "name": "Session.rollout()",
-                **{k: v for k, v in throughput["session_tokens_per_s"].items() if k != "n"},  # type: ignore[union-attr]
-                "ratio": session_median / raw_median,
-            },
-        ],
-        "tok/s",
-    )
-    write_json(args.json, results)
+                    "name": "Session.rollout()",
+                    **{k: v for k, v in throughput["session_tokens_per_s"].items() if k != "n"},  # type: ignore[union-attr]
+                    "ratio": session_median / raw_median,
+                },
+            ],
+            "tok/s",
+        )
+        write_json(args.json, results)
+    finally:
+        shutil.rmtree(publish_dir, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

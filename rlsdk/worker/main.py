@@ -88,9 +88,14 @@ class Worker:
         expected = self.engine.resumed_checksum
         loaded = info.get("checksum")
         if expected is not None and self._legacy_checksum(expected):
-            # A checkpoint from before BLAKE3 recorded a SHA-256 digest: verify with the algorithm it names (one
-            # more pass over the weights, only on such a resume); the Session goes on with the current algorithm.
-            loaded = self.engine.weight_info(with_checksum=self.rank == 0, algorithm="sha256").get("checksum")
+            # A checkpoint from before XXH3 recorded a BLAKE3 or SHA-256 checksum: verify with the algorithm it
+            # names (one more pass over the weights, only on such a resume); the Session goes on with the current
+            # algorithm.
+            from rlsdk.engine.weights import checksum_algorithm
+
+            loaded = self.engine.weight_info(with_checksum=self.rank == 0, algorithm=checksum_algorithm(expected)).get(
+                "checksum"
+            )
         if loaded is not None and expected is not None and loaded != expected:
             from rlsdk.versioning import WeightMismatchError
 

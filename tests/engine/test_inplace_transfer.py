@@ -319,3 +319,30 @@ def test_published_file_with_a_header_past_its_end_raises_value_error_naming_the
 
     with pytest.raises(ValueError, match=r"bad\.safetensors"):
         vllm_worker.PublishedFile(str(path))
+
+
+def test_rlsdk_update_weights_inplace_reuses_its_mapping_after_an_in_place_publish_and_checksums_the_new_weights(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    from safetensors.torch import save_model
+
+    from rlsdk.engine.train.engine import publish_safetensors
+    from rlsdk.engine.weights import state_dict_checksum
+
+    trainer = _Trainer()
+    served = _ServedModel()
+    worker = _plain_worker(monkeypatch, served)
+    first = worker.rlsdk_update_weights_inplace(
+        publish_safetensors(trainer.state_dict(), str(tmp_path), 1, lambda tmp: save_model(trainer, tmp))
+    )
+    with torch.no_grad():
+        for p in trainer.parameters():
+            p.add_(0.5)
+
+    path = publish_safetensors(trainer.state_dict(), str(tmp_path), 2, lambda tmp: save_model(trainer, tmp))
+    second = worker.rlsdk_update_weights_inplace(path)
+
+    assert first["mapping_reused"] is False and second["mapping_reused"] is True, (first, second)
+    assert second["checksum"] == state_dict_checksum(trainer.state_dict()) != first["checksum"]
+    torch.testing.assert_close(served.qk, torch.cat([trainer.q.weight, trainer.k.weight]), rtol=0.0, atol=0.0)
+    worker._rlsdk_forget_mapped_file()

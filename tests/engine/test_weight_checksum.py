@@ -1,4 +1,4 @@
-"""The weights checksum: BLAKE3 with a versioned prefix; SHA-256 values recorded before it still verify."""
+"""The weights checksum: XXH3-128 with a versioned prefix; BLAKE3 and SHA-256 values recorded before still verify."""
 
 from __future__ import annotations
 
@@ -19,14 +19,14 @@ def _state_dict() -> dict[str, torch.Tensor]:
     }
 
 
-def test_state_dict_checksum_defaults_to_prefixed_blake3_and_changes_with_one_bit() -> None:
+def test_state_dict_checksum_defaults_to_prefixed_xxh3_and_changes_with_one_bit() -> None:
     state_dict = _state_dict()
     checksum = state_dict_checksum(state_dict)
     flipped = dict(state_dict, **{"a.bias": state_dict["a.bias"].clone()})
     flipped["a.bias"].view(torch.int32)[0] ^= 1
 
-    assert checksum.startswith("blake3:") and len(checksum) == len("blake3:") + 64
-    assert checksum_algorithm(checksum) == "blake3"
+    assert checksum.startswith("xxh3:") and len(checksum) == len("xxh3:") + 32
+    assert checksum_algorithm(checksum) == "xxh3"
     assert state_dict_checksum(dict(reversed(state_dict.items()))) == checksum  # sorted name order
     assert state_dict_checksum(flipped) != checksum
 
@@ -53,11 +53,20 @@ def test_checksum_matches_recomputes_with_the_algorithm_the_stored_value_names()
     assert checksum_matches(state_dict, state_dict_checksum(state_dict, "blake3"))
     assert not checksum_matches(other, state_dict_checksum(state_dict, "sha256"))
     assert not checksum_matches(other, state_dict_checksum(state_dict, "blake3"))
+    assert checksum_matches(state_dict, state_dict_checksum(state_dict, "xxh3"))
+    assert not checksum_matches(other, state_dict_checksum(state_dict, "xxh3"))
 
 
-@pytest.mark.parametrize("value", ["md5:abc", "ABCDEF", "", "blake2:" + "0" * 64])
+def test_blake3_checksum_keeps_its_prefixed_format_of_older_checkpoints() -> None:
+    checksum = state_dict_checksum(_state_dict(), "blake3")
+
+    assert checksum.startswith("blake3:") and len(checksum) == len("blake3:") + 64
+    assert checksum_algorithm(checksum) == "blake3"
+
+
+@pytest.mark.parametrize("value", ["md5:abc", "ABCDEF", "", "blake2:" + "0" * 64, "xxh64:" + "0" * 16])
 def test_checksum_algorithm_of_an_unknown_format_raises_value_error_naming_it(value: str) -> None:
-    with pytest.raises(ValueError, match="expected 'blake3:<hex>' or a 64-hex SHA-256 digest"):
+    with pytest.raises(ValueError, match="expected 'xxh3:<hex>', 'blake3:<hex>' or a 64-hex SHA-256 digest"):
         checksum_algorithm(value)
 
 

@@ -119,7 +119,7 @@ def _record_checksum(checkpoint: Path, checksum: str) -> None:
     (checkpoint / "manifest.json").write_text(json.dumps(manifest, indent=1))
 
 
-def test_session_resumes_a_checkpoint_with_a_legacy_sha256_checksum_and_rejects_a_wrong_one(
+def test_session_resumes_checkpoints_with_legacy_sha256_and_blake3_checksums_and_rejects_a_wrong_one(
     small_config: SessionConfig,
 ) -> None:
     import torch
@@ -135,6 +135,7 @@ def test_session_resumes_a_checkpoint_with_a_legacy_sha256_checksum_and_rejects_
     checkpoint = asyncio.run(save())
     model = AutoModelForCausalLM.from_pretrained(checkpoint / "model", dtype=torch.float32)
     legacy = state_dict_checksum(model.state_dict(), "sha256")  # what rlsdk recorded before BLAKE3
+    legacy_blake3 = state_dict_checksum(model.state_dict(), "blake3")  # ... and before XXH3
     resumed_config = dataclasses.replace(
         small_config, train=dataclasses.replace(small_config.train, resume_from=str(checkpoint))
     )
@@ -145,8 +146,10 @@ def test_session_resumes_a_checkpoint_with_a_legacy_sha256_checksum_and_rejects_
 
     _record_checksum(checkpoint, legacy)
     version, checksum = asyncio.run(resume())
+    _record_checksum(checkpoint, legacy_blake3)
+    version_b, checksum_b = asyncio.run(resume())
     _record_checksum(checkpoint, "0" * 64)
     with pytest.raises(Exception, match="the checkpoint recorded 000000000000"):
         asyncio.run(resume())
 
-    assert version == 1 and checksum.startswith("blake3:")
+    assert version == version_b == 1 and checksum.startswith("xxh3:") and checksum_b == checksum

@@ -20,10 +20,11 @@ In-place updates (:meth:`WeightSyncExtension.rlsdk_update_weights_inplace`, used
 vLLM's CPU GEMM dispatch before the model loaded, so every linear layer keeps its plain ``weight`` and runs
 ``torch.nn.functional.linear``. New weights then go through the model's own ``load_weights`` (its weight loaders
 pick the slice of the fused qkv/gate_up parameters each tensor belongs in), with no
-``process_weights_after_loading`` pass; each plain copy becomes a ``preadv`` from the file into that slice
-(:func:`read_into_parameters`), and the checksum is computed from the served slices as they are written, on a
-thread beside the worker's core (:class:`ServedWeightsHasher`). There the checksum covers the served memory, not
-only what was read.
+``process_weights_after_loading`` pass; each plain copy becomes a memory copy from the published file's mapping
+into that slice (:func:`read_into_parameters`; the worker keeps the mapping across updates, and the trainer
+rewrites the same file in place, so its pages stay mapped), and the checksum is computed from the served slices
+as they are written, on threads beside the copy (:class:`ServedWeightsHasher`). There the checksum covers the
+served memory, not only what was read.
 """
 
 from __future__ import annotations
@@ -144,14 +145,21 @@ class PublishedFile:
     """A safetensors file mapped read-only, its tensors as views of the mapping: nothing is read until touched.
 
     Opening costs the header parse only. :meth:`read_into` copies a tensor's bytes from the file straight into a
-    parameter with ``preadv``: the kernel copies from the page cache, which on a freshly written ``/dev/shm``
-    file is faster than touching the mapping (one page fault per 4 KiB page, ~0.5 us each here: ~55 ms for
-    450 MB before a byte is copied). :attr:`direct_bytes` counts what went that way.
+    parameter (no intermediate tensor); :attr:`direct_bytes` counts what went that way. How:
+
+    - ``keep_mapped=False``: with ``preadv``. The kernel copies from the page cache, which for a file touched once
+      is faster than touching the mapping (one page fault per 4 KiB page: ~55 ms for 450 MB here before a byte
+      is copied).
+    - ``keep_mapped=True`` (the in-place vLLM sync): a plain memory copy out of the mapping, which the caller keeps
+      across syncs. The trainer rewrites the published file in place (same inode and size, so on ``/dev/shm``
+      the same pages, see ``rlsdk.engine.train.engine.publish_safetensors``), so after the first sync the mapping
+      is already faulted in and each copy runs at memcpy speed (453 MB: ~23 ms on one core here, against ~60 ms
+      for ``preadv``). :meth:`still_maps` says whether a path still names the mapped file with the same header.
 
     Raises ``ValueError`` on a malformed file (header length, unknown dtype, data outside the file).
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, keep_mapped: bool = False) -> None:
         import json
         import mmap
         import os
@@ -161,16 +169,20 @@ class PublishedFile:
         import torch
 
         self.path = path
+        self.keep_mapped = keep_mapped
         self.direct_bytes = 0
         self._fd = os.open(path, os.O_RDONLY)
         try:
-            size = os.fstat(self._fd).st_size
+            stat = os.fstat(self._fd)
+            size = stat.st_size
+            self._identity = (stat.st_dev, stat.st_ino, size)
             if size < 8:
                 raise ValueError(f"{path} has {size} bytes: not a safetensors file")
             (header_len,) = struct.unpack("<Q", os.pread(self._fd, 8, 0))
             if header_len > size - 8:
                 raise ValueError(f"{path}: header length {header_len} exceeds the file ({size} bytes)")
-            header = json.loads(os.pread(self._fd, header_len, 8))
+            self._header = os.pread(self._fd, 8 + header_len, 0)
+            header = json.loads(self._header[8:])
             self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
             data_start = 8 + header_len
             self._map = mmap.mmap(self._fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
@@ -195,6 +207,21 @@ class PublishedFile:
             self.close()
             raise
 
+    def still_maps(self, path: str) -> bool:
+        """Whether ``path`` names the mapped file (same device, inode and size) with the same header bytes, so the
+        views of the mapping show its current tensors. False when anything differs or cannot be checked."""
+        import os
+
+        if self._fd < 0 or getattr(self, "_map", None) is None:
+            return False
+        try:
+            stat = os.stat(path)
+            if (stat.st_dev, stat.st_ino, stat.st_size) != self._identity:
+                return False
+            return os.pread(self._fd, len(self._header), 0) == self._header
+        except OSError:
+            return False
+
     def state_dict(self) -> dict[str, Any]:
         """The file's tensors plus the tied names ``save_model`` dropped (as :func:`read_published_weights`)."""
         state_dict = dict(self.tensors)
@@ -204,9 +231,10 @@ class PublishedFile:
         return state_dict
 
     def read_into(self, dst: Any, src: Any) -> str | None:
-        """``dst.copy_(src)`` as a read from the file when ``src`` is a contiguous view of it and ``dst`` a
-        contiguous CPU tensor of the same dtype and shape; returns the file tensor's name when ``src`` was a
-        whole one, ``""`` for part of one, and None (nothing done) when it does not apply."""
+        """``dst.copy_(src)`` straight from the file (``preadv``, or with :attr:`keep_mapped` a memory copy out of
+        the mapping) when ``src`` is a contiguous view of it and ``dst`` a contiguous CPU tensor of the same dtype
+        and shape; returns the file tensor's name when ``src`` was a whole one, ``""`` for part of one, and None
+        (nothing done) when it does not apply."""
         import ctypes
         import os
 
@@ -222,6 +250,10 @@ class PublishedFile:
         offset = src.data_ptr() - self._base
         if nbytes == 0 or dst.untyped_storage().data_ptr() == self._base:
             return None
+        if self.keep_mapped:
+            torch.Tensor.copy_(dst, src)  # a memcpy: the torch-function mode is off inside its handler
+            self.direct_bytes += nbytes
+            return self._regions.get((offset, nbytes), "")
         buffer = memoryview((ctypes.c_char * nbytes).from_address(dst.data_ptr())).cast("B")
         done = 0
         while done < nbytes:  # preadv may return less than asked (e.g. at 2 GiB on Linux)
@@ -272,24 +304,24 @@ def read_into_parameters(published: PublishedFile, on_written: Any) -> Any:
     return ReadIntoParameters()
 
 
-def _run_beside_the_worker() -> None:
-    """Move the calling thread off the vLLM worker's cores onto the machine's others, when there are any.
+def _run_on_every_core() -> int:
+    """Let the calling thread (and the threads it starts from now on) run on every core; return how many.
 
     vLLM's CPU worker binds its process to its OpenMP cores (one core of two here), so a hashing thread would
-    otherwise share the core that reads the file and the sync would cost read + hash instead of about the larger
-    of the two. During a weight update the server is paused, so the other cores (the API server's and the
-    engine core's, both waiting on this RPC) are idle. Only this short-lived thread moves; the worker's threads
-    keep vLLM's binding. Does nothing when the worker may already run anywhere, or the platform cannot.
+    otherwise share the core that copies the weights and the sync would cost copy + hash instead of about the
+    larger of the two. During a weight update the server is paused, so the other cores (the API server's and the
+    engine core's, both waiting on this RPC) are idle. Only this short-lived thread (and a BLAKE3 pool it would
+    create for a BLAKE3 checksum) moves (new threads inherit the creator's affinity); the worker's threads keep
+    vLLM's binding. Returns 1 and changes nothing when the platform cannot.
     """
     import os
 
     try:
-        mine = os.sched_getaffinity(0)
-        others = set(range(os.cpu_count() or 1)) - mine
-        if others:
-            os.sched_setaffinity(0, others)  # pid 0: this thread only (Linux)
+        everywhere = set(range(os.cpu_count() or 1))
+        os.sched_setaffinity(0, everywhere)  # pid 0: this thread only (Linux)
+        return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        pass
+        return 1
 
 
 class ServedWeightsHasher:
@@ -317,6 +349,8 @@ class ServedWeightsHasher:
         self._ready = threading.Condition()
         self.checksum: str | None = None
         self.error: BaseException | None = None
+        self.threads = 1  # hashing threads used (more than 1 only for a BLAKE3 checksum)
+        self.busy_s = 0.0  # time spent hashing (the rest of the thread's life it waited for written slices)
 
     def written(self, name: str, dst: Any) -> None:
         with self._ready:
@@ -331,11 +365,13 @@ class ServedWeightsHasher:
             self._ready.notify_all()
 
     def run(self) -> None:
-        from rlsdk.engine.weights import StateDictHasher
+        from rlsdk.engine.weights import BLAKE3_MAX_THREADS, StateDictHasher
 
         try:
-            _run_beside_the_worker()
-            hasher = StateDictHasher(max_threads=1)  # one core hashes, the worker's own core reads the file
+            import time
+
+            self.threads = max(1, min(BLAKE3_MAX_THREADS, _run_on_every_core()))
+            hasher = StateDictHasher(max_threads=self.threads)
             for name in self.order:
                 key = name if name in self.published.tensors else self._kept[name]
                 with self._ready:
@@ -343,7 +379,9 @@ class ServedWeightsHasher:
                     if self._aborted:
                         return
                     served = self._served.get(key)
+                began = time.perf_counter()
                 hasher.update(name, served if served is not None else self.state_dict[name])
+                self.busy_s += time.perf_counter() - began
             self.checksum = hasher.checksum()
         except BaseException as exc:
             self.error = exc
@@ -403,13 +441,16 @@ class WeightSyncExtension:
 
         The model's own ``load_weights`` (vLLM's weight loaders: fused qkv/gate_up slices, tied embeddings) decides
         where every tensor goes; each plain copy of a whole file tensor into a contiguous parameter slice becomes a
-        read from the file straight into that slice (:func:`read_into_parameters`), and a second thread checksums
-        each written slice as soon as it is written, in the checksum's name order (:class:`ServedWeightsHasher`).
-        Nothing is re-processed. Needs plain weights (:func:`plain_weights_problem`). Returns what
-        :meth:`rlsdk_load_weights` returns, plus ``direct_bytes`` (bytes read straight into parameters) and
+        memory copy from the file's mapping straight into that slice (:func:`read_into_parameters`; the mapping is
+        kept across updates while the trainer rewrites the same file, :meth:`_rlsdk_mapped_file`), and a second
+        thread checksums each written slice as soon as it is written, in the checksum's name order
+        (:class:`ServedWeightsHasher`). Nothing is re-processed. Needs plain weights (:func:`plain_weights_problem`).
+        Returns what :meth:`rlsdk_load_weights` returns, plus ``direct_bytes`` (bytes copied straight into
+        parameters), ``mapping_reused`` (the file was still mapped from the last update), ``hash_threads`` and
+        ``hash_busy_s`` (hashing threads, and the time spent hashing rather than waiting for slices) and
         ``worker_s`` (the whole call). Never raises: ``{"error": ..., "loaded": bool}``, where ``loaded`` False
-        means the served weights were not touched (e.g. the server keeps packed weights) and True that they may
-        be partly new (the recorded checksum is then cleared).
+        means the served weights were not touched (e.g. the server keeps packed weights) and True that they may be
+        partly new (the recorded checksum is then cleared).
         """
         import threading
         import time
@@ -425,7 +466,7 @@ class WeightSyncExtension:
         if problem is not None:
             return {"error": f"in-place update of {path} unavailable: {problem}", "loaded": False, "unsupported": True}
         try:
-            published = PublishedFile(path)
+            published, reused = self._rlsdk_mapped_file(path)
         except Exception as exc:
             return {"error": f"reading {path}: {type(exc).__name__}: {exc}", "loaded": False}
         try:
@@ -464,8 +505,9 @@ class WeightSyncExtension:
                 error = hasher.error
                 return {"error": f"checksum of {path}: {type(error).__name__}: {error}", "loaded": True}
             checksum_s = time.perf_counter() - start - read_s
-        finally:
-            published.close()
+        except BaseException:
+            self._rlsdk_forget_mapped_file()  # the next sync maps the file afresh
+            raise
         self._rlsdk_checksum = hasher.checksum
         self._rlsdk_path = path
         return {
@@ -478,7 +520,32 @@ class WeightSyncExtension:
             "checksum_s": checksum_s,
             "worker_s": time.perf_counter() - start,
             "inplace": True,
+            "mapping_reused": reused,
+            "hash_threads": hasher.threads,
+            "hash_busy_s": hasher.busy_s,
         }
+
+    def _rlsdk_mapped_file(self, path: str) -> tuple[PublishedFile, bool]:
+        """The published file at ``path``, mapped, and whether the mapping kept from the last in-place update was
+        reused: it is when ``path`` still names that file (same device, inode, size and header bytes,
+        :meth:`PublishedFile.still_maps`), which is what the trainer's in-place rewrite keeps; its pages are then
+        already faulted in. Otherwise the old mapping is closed and the file mapped afresh. The mapping is kept
+        until the next update of another file or the server exits (it keeps that file's pages in memory)."""
+        cached: PublishedFile | None = getattr(self, "_rlsdk_mapped", None)
+        if cached is not None and cached.still_maps(path):
+            cached.path = path
+            cached.direct_bytes = 0
+            return cached, True
+        self._rlsdk_forget_mapped_file()
+        published = PublishedFile(path, keep_mapped=True)
+        self._rlsdk_mapped = published
+        return published, False
+
+    def _rlsdk_forget_mapped_file(self) -> None:
+        cached: PublishedFile | None = getattr(self, "_rlsdk_mapped", None)
+        self._rlsdk_mapped = None
+        if cached is not None:
+            cached.close()
 
     def rlsdk_weight_info(self) -> dict[str, Any]:
         """The checksum of the last weights loaded through :meth:`rlsdk_load_weights` (None before the first)."""

@@ -39,6 +39,125 @@ _SUM_KEYS = (
 _MAX_KEYS = ("logprob_absdiff_max", "ratio_max", "neg_ratio_min")
 
 
+# torch dtype -> safetensors dtype code (the header's "dtype").
+_SAFETENSORS_CODES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+
+
+def publish_safetensors(
+    state_dict: dict[str, torch.Tensor], publish_dir: str, version: int, save_new: Callable[[str], None]
+) -> str:
+    """Publish ``state_dict`` as ``publish_dir/v{version}.safetensors``; return that path. Older ``v*`` files go.
+
+    When the newest published file (this version's, else the highest ``v*.safetensors``) has exactly this state
+    dict's layout (its header lists the same stored tensors with the same dtypes and shapes, and every tied name
+    in its metadata is still an alias of the name kept), its tensor bytes are rewritten in place (same inode,
+    same size, header untouched: the file stays what ``save_model`` writes for these weights) and it is renamed
+    to the new name. On ``/dev/shm`` that reuses the same memory pages, so an in-place vLLM server that keeps the
+    file mapped copies the next version at memcpy speed instead of faulting in a new file
+    (:class:`~rlsdk.engine.inference.vllm_worker.PublishedFile`). Otherwise (first publish, changed layout)
+    ``save_new(tmp)`` writes a new file (``safetensors.torch.save_model``) that an atomic rename publishes.
+
+    An in-place rewrite is not atomic: a reader of the old file during the rewrite would see a mix of versions.
+    Readers are the engine's weight loads, and the caller publishes only after the previous load returned, so
+    none runs then; a load that still read a mix (an abandoned, timed-out one) would not verify, because every
+    loader checksums what it loaded.
+    """
+    os.makedirs(publish_dir, exist_ok=True)
+    path = os.path.join(publish_dir, f"v{version}.safetensors")
+    existing = sorted(
+        (p for p in Path(publish_dir).glob("v*.safetensors") if p.name[1:-12].isdigit() and p.is_file()),
+        key=lambda p: (p.name != Path(path).name, -int(p.name[1:-12])),
+    )
+    rewritten = False
+    if existing and not existing[0].is_symlink():
+        try:
+            rewritten = _rewrite_in_place(str(existing[0]), state_dict)
+        except (OSError, KeyError, TypeError, ValueError) as exc:  # e.g. a header entry of an unexpected form
+            logger.warning("rewriting %s in place failed, writing a new file: %s", existing[0], exc)
+        if rewritten and str(existing[0]) != path:
+            os.replace(existing[0], path)
+    if not rewritten:
+        tmp = f"{path}.tmp-{os.getpid()}"
+        save_new(tmp)
+        os.replace(tmp, path)
+    for old in Path(publish_dir).glob("v*.safetensors"):
+        if old.name != Path(path).name:
+            with contextlib.suppress(FileNotFoundError):
+                old.unlink()
+    return path
+
+
+def _rewrite_in_place(path: str, state_dict: dict[str, torch.Tensor]) -> bool:
+    """Overwrite the tensor bytes of the safetensors file at ``path`` with ``state_dict``'s when its header has
+    exactly their layout (see :func:`publish_safetensors`); False (nothing written) when it does not."""
+    import ctypes
+    import json
+    import struct
+
+    fd = os.open(path, os.O_RDWR)  # never O_TRUNC: the file keeps its pages (and any reader's mapping stays valid)
+    try:
+        size = os.fstat(fd).st_size
+        if size < 8:
+            return False
+        (header_len,) = struct.unpack("<Q", os.pread(fd, 8, 0))
+        if header_len > size - 8:
+            return False
+        try:
+            header = json.loads(os.pread(fd, header_len, 8))
+        except ValueError:
+            return False
+        metadata = header.pop("__metadata__", None) or {}
+        if set(header) | set(metadata) != set(state_dict) or set(header) & set(metadata):
+            return False
+        for dropped, kept in metadata.items():  # a tied name must still alias the kept tensor
+            a, b = state_dict[dropped], state_dict.get(kept)
+            if b is None or kept not in header or a.data_ptr() != b.data_ptr() or a.shape != b.shape:
+                return False
+        data_start = 8 + header_len
+        writes = []
+        end_of_data = 0
+        for name, entry in header.items():
+            tensor = state_dict[name]
+            begin, end = entry["data_offsets"]
+            nbytes = tensor.numel() * tensor.element_size()
+            if (
+                _SAFETENSORS_CODES.get(tensor.dtype) != entry["dtype"]
+                or list(tensor.shape) != list(entry["shape"])
+                or end - begin != nbytes
+            ):
+                return False
+            end_of_data = max(end_of_data, end)
+            writes.append((data_start + begin, tensor))
+        if data_start + end_of_data != size:
+            return False
+        for offset, tensor in writes:
+            data = tensor.detach().to("cpu").contiguous()
+            nbytes = data.numel() * data.element_size()
+            if nbytes == 0:
+                continue
+            view = memoryview((ctypes.c_char * nbytes).from_address(data.data_ptr())).cast("B")
+            done = 0
+            while done < nbytes:
+                count = os.pwrite(fd, view[done:], offset + done)
+                if count <= 0:
+                    raise OSError(f"{path}: wrote {done} of {nbytes} bytes at offset {offset}")
+                done += count
+        return True
+    finally:
+        os.close(fd)
+
+
 class TrainEngine:
     """Model + AdamW on one rank; ``update`` takes this rank's shard of a batch and publishes version + 1."""
 
@@ -311,7 +430,7 @@ class TrainEngine:
         self, *, with_checksum: bool = True, algorithm: ChecksumAlgorithm = CHECKSUM_ALGORITHM
     ) -> dict[str, Any]:
         """``{"version", "checksum"}`` (``state_dict_checksum`` of the full state dict, with ``algorithm``:
-        ``"sha256"`` only to verify a checkpoint recorded before BLAKE3); without ``with_checksum`` only
+        ``"blake3"``/``"sha256"`` only to verify a checkpoint recorded before XXH3); without ``with_checksum`` only
         ``{"version"}``. Every rank calls it: with 'fsdp2' the checksum needs the gathered weights (a
         collective), and ranks without ``with_checksum`` only take part."""
         state_dict = self._full_state_dict(keep=with_checksum)
@@ -320,33 +439,30 @@ class TrainEngine:
         return {"version": self.version, "checksum": state_dict_checksum(state_dict, algorithm)}
 
     def export_weights(self, publish_dir: str, *, is_writer: bool = True) -> dict[str, Any]:
-        """Write the current weights to ``publish_dir/v{version}.safetensors`` (atomic rename) with a checksum.
+        """Write the current weights to ``publish_dir/v{version}.safetensors`` with a checksum
+        (:func:`publish_safetensors`: the previous version's file rewritten in place and renamed, or a new file
+        and an atomic rename).
 
         Every rank calls it (with 'fsdp2' the gather is a collective); only the ``is_writer`` rank writes and
         returns ``{"version", "path", "checksum"}``, the others return ``{"version"}``. The file is what
-        ``safetensors.torch.save_model`` writes for the unsharded model, whatever the parallelism.
+        ``safetensors.torch.save_model`` writes for the unsharded model, whatever the parallelism. Callers publish
+        the next version only after every reader of this one is done (``Session.sync_weights`` exports, then
+        loads, one sync at a time): the next export may overwrite this file's bytes.
         """
         from safetensors.torch import save_model
 
         state_dict = self._full_state_dict(keep=is_writer) if self.fsdp2 else None
         if not is_writer:
             return {"version": self.version}
-        os.makedirs(publish_dir, exist_ok=True)
-        path = os.path.join(publish_dir, f"v{self.version}.safetensors")
-        tmp = f"{path}.tmp-{os.getpid()}"
         if state_dict is None:
             model = self.unwrapped
-            save_model(model, tmp)
             state_dict = model.state_dict()
+            path = publish_safetensors(state_dict, publish_dir, self.version, lambda tmp: save_model(model, tmp))
         else:
             from rlsdk.engine.train.fsdp import StateDictSource
 
-            save_model(StateDictSource(state_dict), tmp)  # type: ignore[arg-type]
-        os.replace(tmp, path)
-        for old in Path(publish_dir).glob("v*.safetensors"):
-            if old.name != Path(path).name:
-                with contextlib.suppress(FileNotFoundError):
-                    old.unlink()
+            source = StateDictSource(state_dict)
+            path = publish_safetensors(state_dict, publish_dir, self.version, lambda tmp: save_model(source, tmp))  # type: ignore[arg-type]
         return {"version": self.version, "path": path, "checksum": state_dict_checksum(state_dict)}
 
     def save_checkpoint(self, directory: str, *, is_writer: bool) -> list[str]:
