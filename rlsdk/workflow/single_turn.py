@@ -40,7 +40,8 @@ class SingleTurnWorkflow:
         params = self.params if seed is None else dataclasses.replace(self.params, seed=seed)
         result = await engine.generate(repeated, params)
         pad = self.tokenizer.pad_token_id
-        prompt_ids_B_P, prompt_mask_B_P = left_pad(repeated, pad)
+        # each prompt padded once, then repeated: the same tensors as padding every repeated row
+        prompt_ids_B_P, prompt_mask_B_P = (t.repeat_interleave(group_size, dim=0) for t in left_pad(prompt_ids, pad))
         completions = self.tokenizer.batch_decode(
             torch.where(result.completion_mask_B_C, result.completion_ids_B_C, pad).tolist(),
             skip_special_tokens=True,
