@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -96,11 +97,29 @@ def test_session_config_with_vllm_and_bf16_model_raises_config_error_naming_mode
     assert info.value.field == "model.dtype" and "vllm" in str(info.value)
 
 
-def test_vllm_sync_that_times_out_raises_naming_version_server_and_cause_and_still_resumes() -> None:
+def _failed_sync(handler: Any, version: int, sync_timeout_s: float) -> Any:
+    """Run ``VLLMEngine.load_weights`` of ``/dev/shm/v{version}.safetensors`` against a mock server answering with
+    ``handler``; return the ``WeightSyncError`` it must raise."""
     import asyncio
 
     httpx = pytest.importorskip("httpx", reason="httpx comes with the vllm extra")
     from rlsdk.engine.inference.vllm import VLLMEngine, WeightSyncError
+
+    async def scenario() -> WeightSyncError:
+        engine = VLLMEngine("http://127.0.0.1:9", pad_token_id=0, sync_timeout_s=sync_timeout_s)
+        engine._client = httpx.AsyncClient(base_url=engine.url, transport=httpx.MockTransport(handler))
+        try:
+            with pytest.raises(WeightSyncError) as info:
+                await engine.load_weights(f"/dev/shm/v{version}.safetensors", version)
+        finally:
+            await engine.close()
+        return info.value
+
+    return asyncio.run(scenario())
+
+
+def test_vllm_sync_that_times_out_raises_naming_version_server_and_cause_and_still_resumes() -> None:
+    httpx = pytest.importorskip("httpx", reason="httpx comes with the vllm extra")
 
     calls: list[str] = []
 
@@ -110,17 +129,7 @@ def test_vllm_sync_that_times_out_raises_naming_version_server_and_cause_and_sti
             raise httpx.ReadTimeout("no answer", request=request)
         return httpx.Response(200, json={})
 
-    async def scenario() -> WeightSyncError:
-        engine = VLLMEngine("http://127.0.0.1:9", pad_token_id=0, sync_timeout_s=0.5)
-        engine._client = httpx.AsyncClient(base_url=engine.url, transport=httpx.MockTransport(handler))
-        try:
-            with pytest.raises(WeightSyncError) as info:
-                await engine.load_weights("/dev/shm/v7.safetensors", 7)
-        finally:
-            await engine.close()
-        return info.value
-
-    error = asyncio.run(scenario())
+    error = _failed_sync(handler, 7, sync_timeout_s=0.5)
 
     assert "v7" in str(error) and "http://127.0.0.1:9" in str(error) and "timed out" in str(error)
     # Paused at level-0 sleep (vLLM's /pause adds a fixed 20 ms sleep), the prefix cache reset alongside the
@@ -130,10 +139,7 @@ def test_vllm_sync_that_times_out_raises_naming_version_server_and_cause_and_sti
 
 
 def test_vllm_sync_whose_prefix_cache_reset_fails_raises_naming_the_step_and_resumes_without_a_new_version() -> None:
-    import asyncio
-
     httpx = pytest.importorskip("httpx", reason="httpx comes with the vllm extra")
-    from rlsdk.engine.inference.vllm import VLLMEngine, WeightSyncError
 
     calls: list[str] = []
     checksum = "blake3:" + "a" * 64
@@ -148,17 +154,7 @@ def test_vllm_sync_whose_prefix_cache_reset_fails_raises_naming_the_step_and_res
             return httpx.Response(200, json={"status": "awake", "tags": ["scheduling"]})
         return httpx.Response(200, json={})
 
-    async def scenario() -> WeightSyncError:
-        engine = VLLMEngine("http://127.0.0.1:9", pad_token_id=0, sync_timeout_s=5.0)
-        engine._client = httpx.AsyncClient(base_url=engine.url, transport=httpx.MockTransport(handler))
-        try:
-            with pytest.raises(WeightSyncError) as info:
-                await engine.load_weights("/dev/shm/v3.safetensors", 3)
-        finally:
-            await engine.close()
-        return info.value
-
-    error = asyncio.run(scenario())
+    error = _failed_sync(handler, 3, sync_timeout_s=5.0)
 
     assert "v3" in str(error) and "reset_prefix_cache" in str(error) and "success" in str(error)
     assert "/update_weight_version" not in calls and calls[-1] == "/wake_up"
