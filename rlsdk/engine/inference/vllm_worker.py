@@ -365,12 +365,14 @@ class ServedWeightsHasher:
             self._ready.notify_all()
 
     def run(self) -> None:
-        from rlsdk.engine.weights import BLAKE3_MAX_THREADS, StateDictHasher
+        from rlsdk.engine.weights import BLAKE3_MAX_THREADS, CHECKSUM_ALGORITHM, StateDictHasher
 
         try:
             import time
 
-            self.threads = max(1, min(BLAKE3_MAX_THREADS, _run_on_every_core()))
+            cores = _run_on_every_core()
+            # Only BLAKE3 splits one update over threads; XXH3 (the default) hashes on this thread alone.
+            self.threads = max(1, min(BLAKE3_MAX_THREADS, cores)) if CHECKSUM_ALGORITHM == "blake3" else 1
             hasher = StateDictHasher(max_threads=self.threads)
             for name in self.order:
                 key = name if name in self.published.tensors else self._kept[name]
