@@ -26,9 +26,13 @@ class MetricsWriter:
         """Record finite scalar ``metrics`` for ``step`` (names like ``reward/mean``, ``train/loss``)."""
         clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
         self.history.append((step, clean))
-        if self._writer is not None:
-            for name, value in clean.items():
-                self._writer.add_scalar(name, value, step)
+        if self._writer is not None and clean:
+            from tensorboard.compat.proto.summary_pb2 import Summary
+
+            # one event holding every scalar of the step (what add_scalar writes, one value per tag) instead of
+            # one event and one queue put per scalar; readers see each tag at ``step`` as before
+            summary = Summary(value=[Summary.Value(tag=name, simple_value=value) for name, value in clean.items()])
+            self._writer._get_file_writer().add_summary(summary, step)
 
     def flush(self) -> None:
         if self._writer is not None:
