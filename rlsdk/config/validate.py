@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -25,12 +26,22 @@ from rlsdk.config.errors import ConfigError
 def check_types(cfg: Any) -> None:
     """Check every field of the dataclass instance ``cfg`` against its annotation; raises ConfigError."""
     cls = type(cfg)
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        checked = _check(value, hints[f.name], f"{cls.__name__}.{f.name}")
+    for name, tp in _field_types(cls):
+        value = getattr(cfg, name)
+        checked = _check(value, tp, f"{cls.__name__}.{name}")
         if checked is not value:
-            object.__setattr__(cfg, f.name, checked)
+            object.__setattr__(cfg, name, checked)
+
+
+@functools.cache
+def _field_types(cls: type) -> tuple[tuple[str, Any], ...]:
+    """``(name, resolved annotation)`` per dataclass field of ``cls``, resolved once per class.
+
+    ``typing.get_type_hints`` evaluates every string annotation and walks the MRO; it dominated building a config.
+    A class's fields and annotations are fixed once it is defined; a failed resolution raises and is not cached.
+    """
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
 
 
 def require(cfg: Any, name: str, ok: bool, allowed: str) -> None:
