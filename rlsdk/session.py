@@ -23,7 +23,7 @@ import signal
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +184,9 @@ class Session:
         self._prefetch_state: tuple[dict[str, Any], int] | None = None  # (data position, rollouts) before it
         self._publish_dir: str | None = None
         self._engine_watch: asyncio.Task[None] | None = None
+        # Restores the event-loop thread's torch intra-op thread count (lowered to 1 while the Session runs).
+        self._restore_threads: Callable[[], None] | None = None
+        self._engine_threads: int | None = None  # the embedded engine's default inference.num_threads
         self._engine_failure: BaseException | None = None
         self._rollouts = 0  # rollouts sampled so far; each one's seed derives from it (see rollout())
         self._resume: tuple[Path, dict[str, Any]] | None = None  # (checkpoint, controller state), see start()
@@ -411,6 +414,16 @@ class Session:
                 AutoTokenizer.from_pretrained, cfg.model.path, trust_remote_code=cfg.model.trust_remote_code
             )
         self.engine = await self._build_engine()
+        if self._restore_threads is None:
+            import torch
+
+            from rlsdk.engine.inference.embedded import single_thread_caller
+
+            self._engine_threads = torch.get_num_threads()  # an engine built later (restart) keeps this default
+            # This thread's tensor ops stay single-threaded while the Session runs, so no OpenMP worker of this
+            # process spins on a core the ranks, the server or the engine's thread need (why:
+            # single_thread_caller). Restored by close().
+            self._restore_threads = single_thread_caller()
         params = SamplingParams(
             max_new_tokens=cfg.rollout.max_new_tokens,
             temperature=cfg.rollout.temperature,
@@ -438,7 +451,7 @@ class Session:
                 EmbeddedEngine.from_pretrained,
                 cfg.model.path,
                 dtype=cfg.model.dtype,
-                num_threads=inference.num_threads,
+                num_threads=inference.num_threads if inference.num_threads is not None else self._engine_threads,
                 max_batch_size=inference.max_batch_size,
             )
         from rlsdk.engine.inference.vllm import VLLMEngine
@@ -700,6 +713,9 @@ class Session:
                 await self._engine_watch
         if self.engine is not None:
             await self.engine.close()
+        if self._restore_threads is not None:
+            self._restore_threads()
+            self._restore_threads = None
         if self.metrics is not None:
             self.metrics.close()
         if self._publish_dir is not None:

@@ -11,7 +11,7 @@ import torch
 
 from rlsdk.algorithms import completion_logprobs
 from rlsdk.data import build_tiny_policy, build_tokenizer
-from rlsdk.engine.inference.embedded import EmbeddedEngine
+from rlsdk.engine.inference.embedded import EmbeddedEngine, single_thread_caller
 from rlsdk.engine.inference.protocol import GenerateResult, InferenceEngine, SamplingParams
 from rlsdk.engine.inference.sampling import left_pad
 from rlsdk.engine.weights import state_dict_checksum
@@ -297,3 +297,42 @@ def test_generate_empty_prompt_raises_value_error_naming_index(model_dir: Path) 
 
     with pytest.raises(ValueError, match=r"prompt_ids\[1\] is empty"):
         _generate(engine, [[4, 14], []], SamplingParams(max_new_tokens=2))
+
+
+def test_single_thread_caller_lowers_only_the_calling_thread_and_restores_it() -> None:
+    # Arrange
+    import threading
+
+    before = torch.get_num_threads()
+    seen: list[int] = []
+
+    # Act
+    restore = single_thread_caller()
+    inside = torch.get_num_threads()
+    other = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    other.start()
+    other.join()
+    restore()
+
+    # Assert: the count is the thread's own; torch starts a new thread with the count set last (here 1)
+    assert inside == 1 and seen == [1]
+    assert torch.get_num_threads() == before
+
+
+def test_engine_worker_thread_keeps_its_thread_count_while_the_caller_runs_single_threaded(model_dir: Path) -> None:
+    restore = single_thread_caller()
+    try:
+        engine = EmbeddedEngine.from_pretrained(model_dir, num_threads=2)
+
+        async def go() -> int:
+            try:
+                return await engine._run(torch.get_num_threads)
+            finally:
+                await engine.close()
+
+        worker_threads = asyncio.run(go())
+        caller_threads = torch.get_num_threads()
+    finally:
+        restore()
+
+    assert (engine.num_threads, worker_threads, caller_threads) == (2, 2, 1)

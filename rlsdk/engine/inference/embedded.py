@@ -66,6 +66,31 @@ def model_token_ids(path: str | Path) -> tuple[int, int]:
     return (eos if pad is None else pad), eos
 
 
+def single_thread_caller() -> Callable[[], None]:
+    """Run the calling thread's own torch ops on one intra-op thread; returns the function that restores its
+    previous count (call it on the same thread).
+
+    Why a Session does this on its event-loop thread while it runs: torch's CPU ops run on GNU OpenMP, which gives
+    every thread that runs a multi-threaded op a team of its own, and a team's workers spin-wait on their core
+    after every op (libgomp's default spin count: milliseconds). The controller's own tensor work (advantages,
+    masks, indexing of a rollout) is small, but each such op left a worker spinning while the train ranks
+    computed: measured on 2 cores, ~7 ms of a core per training step taken from the ranks. Two teams are worse:
+    once the process holds more OpenMP threads than the machine has cores, libgomp stops spin-waiting (its
+    "throttled" spin count) and every op pays a sleep/wake-up: the embedded engine's generation took 15 ms
+    instead of 6.8 after the controller's first small tensor op (a version mask of 256 elements). With one
+    intra-op thread this thread creates no team. OpenMP keeps the count per thread, so the embedded engine's
+    thread (``inference.num_threads``, set on that thread) and the ranks (other processes) keep theirs; a thread
+    torch starts later begins with the count set last (1).
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+
+    def restore() -> None:
+        torch.set_num_threads(previous)
+
+    return restore
+
+
 class EmbeddedEngine:
     """An :class:`~rlsdk.engine.inference.protocol.InferenceEngine` over an in-process transformers model.
 
@@ -108,19 +133,21 @@ class EmbeddedEngine:
         self._pending_lock = threading.Lock()
         self._pending_load: tuple[str, int] | None = None
         self._applied: tuple[str, int] | None = None
+        # The worker thread's intra-op thread count: OpenMP keeps it per thread (torch starts a new thread with
+        # the count set last, by any thread), so it is set on the worker thread itself, to ``num_threads`` or
+        # else to the count the constructing thread has now.
+        self._num_threads = num_threads if num_threads is not None else torch.get_num_threads()
         self._executor = ThreadPoolExecutor(
             max_workers=1,
             thread_name_prefix="rlsdk-embedded-engine",
-            initializer=self._init_worker_thread,
-            initargs=(num_threads,),
+            initializer=torch.set_num_threads,
+            initargs=(self._num_threads,),
         )
 
-    @staticmethod
-    def _init_worker_thread(num_threads: int | None) -> None:
-        # torch's intra-op thread count is process-global: setting it here also changes it for the caller's
-        # threads (e.g. a trainer in the same process). Only done when asked.
-        if num_threads is not None:
-            torch.set_num_threads(num_threads)
+    @property
+    def num_threads(self) -> int:
+        """torch intra-op threads the engine's worker thread generates with."""
+        return self._num_threads
 
     @classmethod
     def from_pretrained(
@@ -135,9 +162,10 @@ class EmbeddedEngine:
         """Load a causal LM saved with ``save_pretrained`` at ``path`` (CPU, eval mode).
 
         The pad and eos ids come from the directory's ``generation_config.json``, else its tokenizer; a
-        missing pad id falls back to the eos id. ``num_threads`` (if given) is applied with
-        ``torch.set_num_threads`` on the engine's worker thread; torch's thread count is process-global, so it
-        affects the whole process.
+        missing pad id falls back to the eos id. ``num_threads`` (default: the calling thread's
+        ``torch.get_num_threads()``) is applied with ``torch.set_num_threads`` on the engine's worker thread; with
+        torch's OpenMP backend that count is the worker thread's own, other threads keep theirs (see
+        :func:`single_thread_caller`).
 
         Raises:
             ValueError: unknown ``dtype``, or no eos id in the generation config or tokenizer.
