@@ -348,10 +348,11 @@ class Session:
         if self._resume is not None:
             self._restore(self._resume[0], self._resume[1], trainer)
         self.versions.trainer_checksum = trainer["checksum"]
-        if cfg.inference.engine == "vllm" or self._resume is not None:
+        if cfg.inference.engine != "embedded" or self._resume is not None:
             # The server's loader gives no checksum of what it loaded from the model directory, and an attached
             # server may hold anything: publish the trainer's v0 and verify it like every later sync. A resumed
-            # trainer is at the checkpoint's version, which the engine (loaded from model.path) is not.
+            # trainer is at the checkpoint's version, which the engine (loaded from model.path) is not. The
+            # colocated engine's first sync checks that every rank holds the same v0.
             await self.sync_weights()
         else:
             engine_info = await self._engine().weight_info()
@@ -444,6 +445,18 @@ class Session:
         """The configured engine: embedded (in this process) or vLLM (a supervised server, or attached by URL)."""
         cfg = self.config
         inference = cfg.inference
+        if inference.engine == "colocated":
+            from rlsdk.engine.inference.colocated import ColocatedEngine
+            from rlsdk.engine.inference.embedded import model_token_ids
+
+            pad_token_id, eos_token_id = await asyncio.to_thread(model_token_ids, cfg.model.path)
+            return ColocatedEngine(
+                lambda command, body: self._broadcast(command, body, timeout_s=cfg.launch.command_timeout_s),
+                cfg.launch.num_ranks,
+                pad_token_id=pad_token_id,
+                eos_token_id=eos_token_id,
+                max_batch_size=inference.max_batch_size,
+            )
         if inference.engine == "embedded":
             from rlsdk.engine.inference.embedded import EmbeddedEngine
 
@@ -1025,7 +1038,12 @@ class Session:
         engine = self._engine()
         start = time.perf_counter()
         transfer = getattr(engine, "transfer", None)
-        if getattr(transfer, "name", None) == "nccl":
+        if self.config.inference.engine == "colocated":
+            # The ranks generate with the weights they train: nothing moves. The engine checks that every rank
+            # serves the trainer's version with the same weights (rank 0's checksum is the trainer's).
+            info = await engine.load_weights("", self.versions.trainer_version)
+            published = {"path": "", "version": info.version, "checksum": info.checksum}
+        elif getattr(transfer, "name", None) == "nccl":
             # GPU path: no file. The engine's transfer has trainer rank 0 broadcast (rank command
             # broadcast_weights_nccl) and checks the workers' checksums; what rank 0 sent is verified below.
             info = await engine.load_weights("", self.versions.trainer_version)

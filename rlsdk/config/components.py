@@ -257,10 +257,14 @@ class InferenceConfig:
     """The inference engine that generates rollouts.
 
     Attributes:
-        engine: Engine kind: 'embedded' (a transformers model in the controller process, the default) or 'vllm'
-            (a real vLLM OpenAI-compatible server; needs the ``vllm`` extra, see docs/vllm.md).
+        engine: Engine kind: 'embedded' (a transformers model in the controller process, the default), 'vllm'
+            (a real vLLM OpenAI-compatible server; needs the ``vllm`` extra, see docs/vllm.md) or 'colocated'
+            (the train ranks generate with the weights they train, as TRL's GRPOTrainer does: no weights move at
+            a sync; needs ``train.parallelism='ddp'`` and ``rollout.mode='sequential'``; see
+            docs/howto/colocated.md).
         num_threads: torch threads for the embedded engine; None = torch's default, else >= 1.
-        max_batch_size: Most sequences generated in one forward pass, >= 1 (embedded engine).
+        max_batch_size: Most sequences generated in one forward pass, >= 1 (embedded engine; colocated: per
+            rank).
         url: vllm only: attach to an already-running server at this base URL ('http://HOST:PORT'; started with
             VLLM_SERVER_DEV_MODE=1 and rlsdk's worker extension) instead of starting one; None = start one on
             127.0.0.1 with a free port.
@@ -279,7 +283,7 @@ class InferenceConfig:
             faster, generation ~2x slower; see docs/howto/vllm.md).
     """
 
-    engine: Literal["embedded", "vllm"] = "embedded"
+    engine: Literal["embedded", "vllm", "colocated"] = "embedded"
     num_threads: int | None = None
     max_batch_size: int = 1024
     url: str | None = None

@@ -36,7 +36,8 @@ class SessionConfig:
 
     Across sections: ``launch.num_ranks`` <= ``data.prompts_per_step`` x ``rollout.group_size`` (every rank
     trains on at least one sample per step); an 'rloo' advantage needs ``rollout.group_size`` >= 2;
-    ``inference.engine='vllm'`` needs ``model.dtype='float32'``.
+    ``inference.engine='vllm'`` needs ``model.dtype='float32'``; ``inference.engine='colocated'`` needs
+    ``train.parallelism='ddp'`` and ``rollout.mode='sequential'``.
     """
 
     model: ModelConfig
@@ -64,6 +65,20 @@ class SessionConfig:
                 "model.dtype",
                 self.model.dtype,
                 "'float32' when inference.engine='vllm' (the server runs with --dtype float32)",
+            )
+        if self.inference.engine == "colocated" and self.train.parallelism != "ddp":
+            raise ConfigError(
+                "train.parallelism",
+                self.train.parallelism,
+                "'ddp' when inference.engine='colocated' (each rank generates on its own full replica; an 'fsdp2' "
+                "forward all-gathers, so every rank would have to run the same number of decode steps)",
+            )
+        if self.inference.engine == "colocated" and self.rollout.mode == "async":
+            raise ConfigError(
+                "rollout.mode",
+                self.rollout.mode,
+                "'sequential' when inference.engine='colocated' (the ranks generate and train one after the "
+                "other, so there is nothing to overlap; use inference.engine='embedded' or 'vllm' for 'async')",
             )
         if self.inference.weight_transfer == "inplace" and self.launch.gpus_per_node > 0:
             raise ConfigError(

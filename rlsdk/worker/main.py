@@ -47,6 +47,7 @@ class Worker:
             "init": self.init,
             "update": self.update,
             "weight_info": self.weight_info,
+            "generate": self.generate,
             "export_weights": self.export_weights,
             "save_checkpoint": self.save_checkpoint,
             "broadcast_weights_nccl": self.broadcast_weights_nccl,
@@ -118,6 +119,17 @@ class Worker:
 
     def weight_info(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._require_engine().weight_info()
+
+    def generate(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Colocated generation (``inference.engine='colocated'``): this rank's share of the prompts."""
+        return self._require_engine().generate(
+            body["prompt_ids"],
+            body["params"],
+            pad_token_id=body["pad_token_id"],
+            eos_token_id=body["eos_token_id"],
+            max_batch_size=body["max_batch_size"],
+            seed=body.get("seed"),
+        )
 
     def export_weights(self, body: dict[str, Any]) -> dict[str, Any]:
         # Every rank calls it (the 'fsdp2' gather is a collective); only ``src`` writes.

@@ -225,3 +225,26 @@ def test_data_config_file_task_with_path_and_options_is_accepted() -> None:
     )
 
     assert (cfg.path, cfg.prompt_column, cfg.system_prompt) == ("prompts.jsonl", "question", "Be brief.")
+
+
+@pytest.mark.parametrize(
+    ("sections", "field", "value"),
+    [
+        ({"train": TrainConfig(parallelism="fsdp2")}, "train.parallelism", "fsdp2"),
+        ({"rollout": RolloutConfig(mode="async", max_staleness=1)}, "rollout.mode", "async"),
+    ],
+)
+def test_colocated_engine_with_fsdp2_or_async_raises_error_naming_both_fields(
+    sections: dict[str, Any], field: str, value: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        SessionConfig(model=ModelConfig(path="models/tiny"), inference=InferenceConfig(engine="colocated"), **sections)
+
+    assert info.value.field == field and info.value.value == value
+    assert "inference.engine='colocated'" in str(info.value)
+
+
+def test_colocated_engine_with_ddp_and_sequential_rollouts_is_accepted() -> None:
+    config = SessionConfig(model=ModelConfig(path="models/tiny"), inference=InferenceConfig(engine="colocated"))
+
+    assert config.inference.engine == "colocated" and config.train.parallelism == "ddp"

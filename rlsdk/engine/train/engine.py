@@ -173,6 +173,8 @@ class TrainEngine:
         self.resumed_checksum: str | None = None
         # Called with (micro-batches done, micro-batches in the shard) after each one; None: no reporting.
         self.on_progress: Callable[[int, int], None] | None = None
+        # The sampling generator of colocated generation without a per-call seed (made on first use).
+        self._generator: torch.Generator | None = None
         torch.manual_seed(config.seed)
         model = AutoModelForCausalLM.from_pretrained(
             config.model.path if resume_from is None else str(Path(resume_from) / "model"),
@@ -425,6 +427,77 @@ class TrainEngine:
             if self.on_progress is not None:
                 self.on_progress(index + 1, len(starts))
         return torch.cat([sums, maxima])
+
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        params: dict[str, Any],
+        *,
+        pad_token_id: int,
+        eos_token_id: int,
+        max_batch_size: int,
+        seed: int | None,
+    ) -> dict[str, Any]:
+        """Sample one completion per prompt with the weights this rank trains (``inference.engine='colocated'``).
+
+        :func:`~rlsdk.engine.inference.sampling.sample_completions` on the unwrapped model in eval mode, in
+        chunks of ``max_batch_size`` prompts; no collective (each rank samples its own prompts, 'ddp' only).
+        ``params`` are :class:`~rlsdk.engine.inference.protocol.SamplingParams` fields; ``seed`` seeds this call's
+        generator (None: the rank's own generator, seeded once from ``seed`` of the config and the rank).
+        Returns ``{"completion_ids", "completion_mask", "logprobs"}`` right-padded to this rank's longest
+        completion, and ``"version"``, the weights' version.
+
+        Raises:
+            RuntimeError: with ``train.parallelism='fsdp2'`` (its forward all-gathers: every rank would have to
+                run the same number of decode steps).
+        """
+        from rlsdk.engine.inference.protocol import SamplingParams
+        from rlsdk.engine.inference.sampling import sample_completions
+
+        if self.fsdp2:
+            raise RuntimeError("colocated generation needs train.parallelism='ddp' (got 'fsdp2')")
+        sampling = SamplingParams(**params)
+        if seed is not None:
+            generator = torch.Generator(device=self.accelerator.device).manual_seed(seed)
+        else:
+            if self._generator is None:
+                self._generator = torch.Generator(device=self.accelerator.device).manual_seed(
+                    self.config.seed * 1_000_003 + self.accelerator.process_index
+                )
+            generator = self._generator
+        model = self.unwrapped
+        was_training = model.training
+        model.eval()
+        chunks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        try:
+            for start in range(0, len(prompt_ids), max_batch_size):
+                chunks.append(
+                    sample_completions(
+                        model,
+                        prompt_ids[start : start + max_batch_size],
+                        sampling,
+                        pad_token_id=pad_token_id,
+                        eos_token_id=eos_token_id,
+                        generator=generator,
+                    )
+                )
+        finally:
+            model.train(was_training)
+        if not chunks:
+            empty = torch.zeros((0, 0), dtype=torch.long)
+            return {"completion_ids": empty, "completion_mask": empty.bool(), "logprobs": empty.float(),
+                    "version": self.version}  # fmt: skip
+        width = max(chunk[0].shape[1] for chunk in chunks)
+
+        def pad_right(tensor: torch.Tensor, value: float | int | bool) -> torch.Tensor:
+            return torch.nn.functional.pad(tensor, (0, width - tensor.shape[1]), value=value)
+
+        return {
+            "completion_ids": torch.cat([pad_right(c[0], pad_token_id) for c in chunks]).cpu(),
+            "completion_mask": torch.cat([pad_right(c[1], False) for c in chunks]).cpu(),
+            "logprobs": torch.cat([pad_right(c[2], 0.0) for c in chunks]).float().cpu(),
+            "version": self.version,
+        }
 
     def weight_info(
         self, *, with_checksum: bool = True, algorithm: ChecksumAlgorithm = CHECKSUM_ALGORITHM

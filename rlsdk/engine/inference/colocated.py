@@ -1,0 +1,161 @@
+"""The colocated engine: the train ranks generate with the weights they train (``inference.engine='colocated'``).
+
+TRL's default ``GRPOTrainer`` and veRL's "hybrid engine" work this way: no separate inference server, no
+weights to move. Each rank samples its share of the prompts on its own model replica (DDP keeps the replicas
+equal), so on a CPU machine the generation runs on every rank's cores at once instead of on the controller's,
+and a weight sync moves nothing: it asks every rank for its version and weight checksum and checks they agree.
+
+The trade-off: generation and training run one after the other on the same processes, so ``rollout.mode='async'``
+(generation overlapped with training) has nothing to overlap and is refused by the config; with 'fsdp2' every
+rank would have to run the same number of decode steps (its forward all-gathers), also refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import torch
+
+from rlsdk.engine.inference.protocol import GenerateResult, SamplingParams, WeightInfo
+from rlsdk.engine.inference.sampling import _validate_params
+from rlsdk.observe.logging import get_logger
+
+logger = get_logger(__name__)
+
+RankBroadcast = Callable[[str, list[dict[str, Any]] | dict[str, Any]], Awaitable[list[Any]]]
+"""``broadcast(command, body_or_bodies)``: send a command to every rank (one body each, or one for all) and
+return the results by rank (the Session's ``_broadcast`` with its command timeout)."""
+
+
+class ColocatedEngine:
+    """An :class:`~rlsdk.engine.inference.protocol.InferenceEngine` whose generations run on the train ranks.
+
+    ``generate`` splits the prompts into ``num_ranks`` contiguous, near-equal shares (a GRPO group stays on one
+    rank when the group size divides the share, so its prompt is prefilled once) and sends each rank its share
+    (rank command ``generate``); ranks sample in chunks of ``max_batch_size``. ``load_weights`` moves no data.
+    """
+
+    def __init__(
+        self,
+        broadcast: RankBroadcast,
+        num_ranks: int,
+        *,
+        pad_token_id: int,
+        eos_token_id: int,
+        max_batch_size: int = 1024,
+        version: int = 0,
+        checksum: str = "",
+    ) -> None:
+        """Raises ValueError for ``num_ranks < 1`` or ``max_batch_size < 1``."""
+        if num_ranks < 1:
+            raise ValueError(f"num_ranks={num_ranks!r} is invalid: allowed >= 1")
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size={max_batch_size!r} is invalid: allowed >= 1")
+        self._broadcast = broadcast
+        self._num_ranks = num_ranks
+        self._pad_token_id = int(pad_token_id)
+        self._eos_token_id = int(eos_token_id)
+        self._max_batch_size = max_batch_size
+        self._version = version
+        self._checksum = checksum
+        self._closed = False
+
+    @property
+    def version(self) -> int:
+        """Version of the weights the ranks served at the last generate or sync."""
+        return self._version
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("ColocatedEngine is closed")
+
+    async def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> GenerateResult:
+        """Sample one completion per prompt on the ranks; right-padded to the longest completion ``C``.
+
+        With ``params.seed`` each rank seeds its share with a hash of ``(seed, rank)``: the call is reproducible
+        for the same prompts, weights, ``num_ranks`` and ``max_batch_size``.
+
+        Raises:
+            ValueError: empty prompt list or prompt, or invalid sampling parameters.
+            RuntimeError: the ranks report different weight versions, or the engine is closed.
+        """
+        from rlsdk.engine.inference.vllm import request_seed
+
+        self._check_open()
+        prompts = [list(map(int, ids)) for ids in prompt_ids]
+        if not prompts:
+            raise ValueError("generate needs at least one prompt; got an empty prompt list")
+        empty = [i for i, ids in enumerate(prompts) if not ids]
+        if empty:
+            raise ValueError(f"prompt {empty[0]} is empty: every prompt needs at least one token")
+        _validate_params(params.max_new_tokens, params.temperature, params.top_k, params.top_p)
+        fields = dataclasses.asdict(params)
+        fields.pop("seed")
+        n, world = len(prompts), self._num_ranks
+        bounds = [n * rank // world for rank in range(world + 1)]
+        bodies = [
+            {
+                "prompt_ids": prompts[bounds[rank] : bounds[rank + 1]],
+                "params": fields,
+                "pad_token_id": self._pad_token_id,
+                "eos_token_id": self._eos_token_id,
+                "max_batch_size": self._max_batch_size,
+                "seed": None if params.seed is None else request_seed(params.seed, rank),
+            }
+            for rank in range(world)
+        ]
+        results = await self._broadcast("generate", bodies)
+        versions = {int(r["version"]) for r in results}
+        if len(versions) != 1:
+            raise RuntimeError(f"ranks generated with different weight versions: {sorted(versions)}")
+        version = versions.pop()
+        shares = [r for r in results if r["completion_ids"].shape[0] > 0]
+        width = max(r["completion_ids"].shape[1] for r in shares)
+
+        def cat(key: str, value: float | int | bool) -> torch.Tensor:
+            return torch.cat(
+                [torch.nn.functional.pad(r[key], (0, width - r[key].shape[1]), value=value) for r in shares]
+            )
+
+        mask_B_C = cat("completion_mask", False)
+        self._version = version
+        return GenerateResult(
+            completion_ids_B_C=cat("completion_ids", self._pad_token_id),
+            completion_mask_B_C=mask_B_C,
+            logprobs_B_C=cat("logprobs", 0.0),
+            versions_B_C=torch.where(mask_B_C, version, -1),
+        )
+
+    async def load_weights(self, path: str, version: int) -> WeightInfo:
+        """Nothing to load (``path`` is ignored): the ranks already hold the trained weights. Asks every rank for
+        its version and weight checksum and returns rank 0's.
+
+        Raises:
+            WeightMismatchError: a rank serves another version than ``version``, or the ranks' replicas differ.
+        """
+        from rlsdk.versioning import WeightMismatchError
+
+        self._check_open()
+        results = await self._broadcast("weight_info", {})
+        wrong = {rank: int(r["version"]) for rank, r in enumerate(results) if int(r["version"]) != version}
+        if wrong:
+            raise WeightMismatchError(f"colocated sync of v{version}: ranks serve other versions {wrong}")
+        checksum = results[0]["checksum"]
+        differ = {rank: r["checksum"][:12] for rank, r in enumerate(results) if r["checksum"] != checksum}
+        if differ:
+            raise WeightMismatchError(
+                f"colocated sync of v{version}: rank weights differ from rank 0's (checksum {checksum[:12]}): {differ}"
+            )
+        self._version, self._checksum = version, checksum
+        return WeightInfo(version=version, checksum=checksum)
+
+    async def weight_info(self) -> WeightInfo:
+        """The version and checksum of the last sync (or of the start)."""
+        self._check_open()
+        return WeightInfo(version=self._version, checksum=self._checksum)
+
+    async def close(self) -> None:
+        """Idempotent; later calls raise. The ranks belong to the Session."""
+        self._closed = True

@@ -1,0 +1,51 @@
+"""A real Session with inference.engine 'colocated': the gloo ranks generate with the weights they train."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import pytest
+
+from rlsdk import Session, SessionConfig
+from rlsdk.rewards import reverse_reward
+
+pytestmark = pytest.mark.distributed
+
+
+def test_session_colocated_steps_generate_on_the_ranks_with_the_trained_version_and_verified_replicas(
+    small_config: SessionConfig,
+) -> None:
+    # Arrange
+    inference = dataclasses.replace(small_config.inference, engine="colocated")
+    config = dataclasses.replace(small_config, inference=inference)
+
+    async def scenario() -> dict[str, Any]:
+        async with await Session.start(config) as session:  # the first sync checks both replicas hold v0
+            out: dict[str, Any] = {"start": (session.versions.engine_version, session.versions.trainer_checksum)}
+            first = await session.reward(await session.rollout(), reverse_reward)
+            out["stats"] = await session.update(first)
+            out["info"] = await session.sync_weights()
+            out["checksum"] = session.versions.trainer_checksum
+            second = await session.rollout()
+            out["versions"] = (first.versions_B_C, second.versions_B_C)
+            out["masks"] = (first.completion_mask_B_C, second.completion_mask_B_C)
+            out["rows"] = second.num_samples
+            out["exported"] = await session.call("weight_info")
+            return out
+
+    # Act
+    out = asyncio.run(scenario())
+
+    # Assert
+    assert out["start"][0] == 0 and out["start"][1].startswith("xxh3:")
+    assert out["stats"]["version/trainer"] == 1.0 and out["stats"]["train/tokens"] > 0
+    # The ranks sampled with the very weights the update's forward used: same logprobs to float rounding.
+    assert out["stats"]["agreement/logprob_absdiff_max"] < 1e-5
+    assert (out["info"].version, out["info"].checksum) == (1, out["checksum"])
+    assert out["checksum"] != out["start"][1]
+    assert all(r["checksum"] == out["checksum"] and r["version"] == 1 for r in out["exported"])
+    for versions, mask, version in zip(out["versions"], out["masks"], (0, 1)):
+        assert (versions[mask] == version).all() and (versions[~mask] == -1).all()
+    assert out["rows"] == config.data.prompts_per_step * config.rollout.group_size
