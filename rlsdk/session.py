@@ -187,6 +187,10 @@ class Session:
         # Restores the event-loop thread's torch intra-op thread count (lowered to 1 while the Session runs).
         self._restore_threads: Callable[[], None] | None = None
         self._engine_threads: int | None = None  # the embedded engine's default inference.num_threads
+        self._broadcasts = 0  # commands sent through _broadcast so far
+        # inference.engine 'colocated': (self._broadcasts after the last update, every rank's new version and
+        # checksum from it); the next sync verifies these instead of asking again if no command ran in between.
+        self._updated_weights: tuple[int, list[dict[str, Any]]] | None = None
         self._engine_failure: BaseException | None = None
         self._rollouts = 0  # rollouts sampled so far; each one's seed derives from it (see rollout())
         self._resume: tuple[Path, dict[str, Any]] | None = None  # (checkpoint, controller state), see start()
@@ -637,6 +641,7 @@ class Session:
         """``channel.broadcast``, failing the run when a rank raised while another is still inside the command."""
         from rlsdk.control.errors import RankError
 
+        self._broadcasts += 1
         try:
             return await self._channel.broadcast(command, body, timeout_s=timeout_s)
         except RankError as exc:
@@ -925,14 +930,17 @@ class Session:
         }
         num_tokens = int(batch["completion_mask_B_C"].sum())
         per_rank = index_B.numel() // world
+        colocated = cfg.inference.engine == "colocated"
         bodies = [
             {
                 "shard": {k: v[r * per_rank : (r + 1) * per_rank] for k, v in batch.items()},
                 "num_tokens": num_tokens,
                 "num_sequences": index_B.numel(),
+                "with_checksum": colocated,
             }
             for r in range(world)
         ]
+        self._updated_weights = None
         trainer_version = self.versions.trainer_version
         reward_mean = float(rollout.rewards_B.mean())
         with CallProgress(
@@ -946,6 +954,11 @@ class Session:
         versions = {int(r["version"]) for r in results}
         if len(versions) != 1:
             raise VersionError(f"ranks disagree on the trainer version after update: {sorted(versions)}")
+        if colocated:
+            self._updated_weights = (
+                self._broadcasts,
+                [{"version": r["version"], "checksum": r["checksum"]} for r in results],
+            )
         self.versions.trainer_version = versions.pop()
         set_log_context(version=self.versions.trainer_version)
         self.step += 1
@@ -1041,7 +1054,12 @@ class Session:
         if self.config.inference.engine == "colocated":
             # The ranks generate with the weights they train: nothing moves. The engine checks that every rank
             # serves the trainer's version with the same weights (rank 0's checksum is the trainer's).
-            info = await engine.load_weights("", self.versions.trainer_version)
+            updated, self._updated_weights = self._updated_weights, None
+            if updated is not None and updated[0] == self._broadcasts:
+                # No command since the update, which returned every rank's new checksum: verify those.
+                info = engine.verify(self.versions.trainer_version, updated[1])
+            else:
+                info = await engine.load_weights("", self.versions.trainer_version)
             published = {"path": "", "version": info.version, "checksum": info.checksum}
         elif getattr(transfer, "name", None) == "nccl":
             # GPU path: no file. The engine's transfer has trainer rank 0 broadcast (rank command

@@ -114,7 +114,10 @@ class Worker:
 
     def update(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._require_engine().update(
-            body["shard"], body["num_tokens"], num_sequences_global=body.get("num_sequences")
+            body["shard"],
+            body["num_tokens"],
+            num_sequences_global=body.get("num_sequences"),
+            with_checksum=bool(body.get("with_checksum", False)),
         )
 
     def weight_info(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -122,8 +125,10 @@ class Worker:
 
     def generate(self, body: dict[str, Any]) -> dict[str, Any]:
         """Colocated generation (``inference.engine='colocated'``): this rank's share of the prompts."""
+        from rlsdk.engine.inference.colocated import unpack_prompts
+
         return self._require_engine().generate(
-            body["prompt_ids"],
+            unpack_prompts(body),
             body["params"],
             pad_token_id=body["pad_token_id"],
             eos_token_id=body["eos_token_id"],

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rlsdk.data import build_tiny_policy, build_tokenizer
-from rlsdk.engine.inference.colocated import ColocatedEngine
+from rlsdk.engine.inference.colocated import ColocatedEngine, pack_prompts, unpack_prompts
 from rlsdk.engine.inference.protocol import GenerateResult, InferenceEngine, SamplingParams
 from rlsdk.engine.inference.sampling import sample_completions
 from rlsdk.versioning import WeightMismatchError
@@ -55,14 +55,15 @@ class FakeRanks:
         return [self._generate(rank, b) for rank, b in enumerate(body)]
 
     def _generate(self, rank: int, body: dict[str, Any]) -> dict[str, Any]:
-        if not body["prompt_ids"]:
+        prompts = unpack_prompts(body)
+        if not prompts:
             empty = torch.zeros((0, 0), dtype=torch.long)
             return {"completion_ids": empty, "completion_mask": empty.bool(), "logprobs": empty.float(),
                     "version": self.versions[rank]}  # fmt: skip
         generator = torch.Generator().manual_seed(body["seed"] if body["seed"] is not None else rank)
         ids, mask, logprobs = sample_completions(
             self.model,
-            body["prompt_ids"],
+            prompts,
             SamplingParams(**body["params"]),
             pad_token_id=body["pad_token_id"],
             eos_token_id=body["eos_token_id"],
@@ -96,7 +97,7 @@ def test_generate_with_three_ranks_splits_prompts_in_order_and_joins_the_shares(
     # Assert: contiguous near-equal shares 2/2/3 in prompt order, each rank's share answered by its own rows
     command, bodies = ranks.calls[0]
     assert command == "generate"
-    assert [b["prompt_ids"] for b in bodies] == [prompt_ids[0:2], prompt_ids[2:4], prompt_ids[4:7]]
+    assert [unpack_prompts(b) for b in bodies] == [prompt_ids[0:2], prompt_ids[2:4], prompt_ids[4:7]]
     assert all(b["max_batch_size"] == 2 and "seed" not in b["params"] for b in bodies)
     assert len({b["seed"] for b in bodies}) == 3  # one stream per rank
     assert isinstance(engine, InferenceEngine)
@@ -104,9 +105,9 @@ def test_generate_with_three_ranks_splits_prompts_in_order_and_joins_the_shares(
     assert result.completion_ids_B_C.shape[0] == len(prompt_ids)
     for rank, body in enumerate(bodies):
         alone = ranks._generate(rank, body)
-        rows = slice(sum(len(b["prompt_ids"]) for b in bodies[:rank]), None)
+        rows = slice(sum(len(unpack_prompts(b)) for b in bodies[:rank]), None)
         width = alone["completion_ids"].shape[1]
-        share_ids = result.completion_ids_B_C[rows][: len(body["prompt_ids"])]
+        share_ids = result.completion_ids_B_C[rows][: len(unpack_prompts(body))]
         torch.testing.assert_close(share_ids[:, :width], alone["completion_ids"], rtol=0, atol=0)
         assert (share_ids[:, width:] == build_tokenizer().pad_token_id).all()
     mask_B_C = result.completion_mask_B_C
@@ -138,7 +139,7 @@ def test_generate_with_fewer_prompts_than_ranks_leaves_ranks_idle_and_returns_ev
 
     result = asyncio.run(engine.generate(prompt_ids[:2], SamplingParams(max_new_tokens=4, seed=0)))
 
-    assert [len(b["prompt_ids"]) for b in ranks.calls[0][1]] == [0, 1, 0, 1]
+    assert [len(unpack_prompts(b)) for b in ranks.calls[0][1]] == [0, 1, 0, 1]
     assert result.completion_ids_B_C.shape[0] == 2 and result.completion_mask_B_C[:, 0].all()
 
 
@@ -181,6 +182,33 @@ def test_load_weights_when_every_rank_agrees_serves_the_version_with_rank0_check
     assert (info.version, info.checksum) == (5, ranks.infos[0]["checksum"])
     assert asyncio.run(engine.weight_info()) == info
     assert [c[0] for c in ranks.calls] == ["weight_info"]  # nothing exported, nothing loaded
+
+
+def test_verify_with_the_ranks_update_results_serves_the_version_without_a_rank_command(
+    model: torch.nn.Module,
+) -> None:
+    ranks = FakeRanks(model, 2, version=5)
+    engine = _engine(ranks)
+
+    info = engine.verify(5, ranks.infos)
+
+    assert (info.version, info.checksum, engine.version) == (5, ranks.infos[0]["checksum"], 5)
+    assert ranks.calls == []
+    with pytest.raises(WeightMismatchError, match=r"other versions \{0: 5, 1: 5\}"):
+        engine.verify(6, ranks.infos)
+
+
+@pytest.mark.parametrize(
+    "prompts",
+    [[[5, 6, 7], [5, 6, 7], [8], [5, 6, 7], [9, 9]], [], [[4]]],
+    ids=["grouped", "empty-share", "one"],
+)
+def test_pack_prompts_sends_distinct_prompts_once_and_unpacks_every_row(prompts: list[list[int]]) -> None:
+    packed = pack_prompts(prompts)
+
+    assert unpack_prompts(packed) == prompts
+    assert all(t.dtype == torch.long for t in packed.values())
+    assert packed["prompt_tokens"].numel() == sum(len(p) for p in {tuple(p): 0 for p in prompts})
 
 
 def test_load_weights_when_a_replica_differs_raises_naming_the_rank(model: torch.nn.Module) -> None:

@@ -26,13 +26,20 @@ def test_session_colocated_steps_generate_on_the_ranks_with_the_trained_version_
             out: dict[str, Any] = {"start": (session.versions.engine_version, session.versions.trainer_checksum)}
             first = await session.reward(await session.rollout(), reverse_reward)
             out["stats"] = await session.update(first)
-            out["info"] = await session.sync_weights()
+            sent = session._broadcasts
+            out["info"] = await session.sync_weights()  # verifies the checksums the update returned
+            out["sync_commands"] = session._broadcasts - sent
             out["checksum"] = session.versions.trainer_checksum
             second = await session.rollout()
             out["versions"] = (first.versions_B_C, second.versions_B_C)
             out["masks"] = (first.completion_mask_B_C, second.completion_mask_B_C)
             out["rows"] = second.num_samples
             out["exported"] = await session.call("weight_info")
+            await session.update(await session.reward(second, reverse_reward))
+            await session.call("noop")  # a command after the update: the sync asks the ranks again
+            sent = session._broadcasts
+            out["info2"] = await session.sync_weights()
+            out["sync2_commands"] = session._broadcasts - sent
             return out
 
     # Act
@@ -49,3 +56,4 @@ def test_session_colocated_steps_generate_on_the_ranks_with_the_trained_version_
     for versions, mask, version in zip(out["versions"], out["masks"], (0, 1)):
         assert (versions[mask] == version).all() and (versions[~mask] == -1).all()
     assert out["rows"] == config.data.prompts_per_step * config.rollout.group_size
+    assert (out["sync_commands"], out["sync2_commands"], out["info2"].version) == (0, 1, 2)

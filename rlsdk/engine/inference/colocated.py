@@ -13,6 +13,7 @@ rank would have to run the same number of decode steps (its forward all-gathers)
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -27,6 +28,29 @@ logger = get_logger(__name__)
 RankBroadcast = Callable[[str, list[dict[str, Any]] | dict[str, Any]], Awaitable[list[Any]]]
 """``broadcast(command, body_or_bodies)``: send a command to every rank (one body each, or one for all) and
 return the results by rank (the Session's ``_broadcast`` with its command timeout)."""
+
+
+def pack_prompts(prompts: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
+    """A rank's share of prompts as three int64 tensors (raw bytes on the control channel, not one list node per
+    token): the distinct prompts concatenated (``prompt_tokens``), where each one ends (``prompt_ends``), and
+    which distinct prompt each row is (``prompt_rows``; a GRPO group repeats its prompt). :func:`unpack_prompts`
+    inverts it."""
+    distinct: dict[tuple[int, ...], int] = {}
+    rows = [distinct.setdefault(tuple(ids), len(distinct)) for ids in prompts]
+    tokens = [token for ids in distinct for token in ids]
+    ends = list(itertools.accumulate(len(ids) for ids in distinct))
+    return {
+        "prompt_tokens": torch.tensor(tokens, dtype=torch.long),
+        "prompt_ends": torch.tensor(ends, dtype=torch.long),
+        "prompt_rows": torch.tensor(rows, dtype=torch.long),
+    }
+
+
+def unpack_prompts(body: dict[str, torch.Tensor]) -> list[list[int]]:
+    """The rows :func:`pack_prompts` packed (rows of the same prompt share one list)."""
+    tokens, ends = body["prompt_tokens"].tolist(), body["prompt_ends"].tolist()
+    distinct = [tokens[start:end] for start, end in zip([0, *ends[:-1]], ends)]
+    return [distinct[row] for row in body["prompt_rows"].tolist()]
 
 
 class ColocatedEngine:
@@ -97,7 +121,7 @@ class ColocatedEngine:
         bounds = [n * rank // world for rank in range(world + 1)]
         bodies = [
             {
-                "prompt_ids": prompts[bounds[rank] : bounds[rank + 1]],
+                **pack_prompts(prompts[bounds[rank] : bounds[rank + 1]]),
                 "params": fields,
                 "pad_token_id": self._pad_token_id,
                 "eos_token_id": self._eos_token_id,
@@ -135,10 +159,16 @@ class ColocatedEngine:
         Raises:
             WeightMismatchError: a rank serves another version than ``version``, or the ranks' replicas differ.
         """
+        self._check_open()
+        return self.verify(version, await self._broadcast("weight_info", {}))
+
+    def verify(self, version: int, infos: Sequence[dict[str, Any]]) -> WeightInfo:
+        """Serve ``version`` if every rank's ``{"version", "checksum"}`` (index = rank; what ``weight_info``
+        answers, or what an ``update`` returned with ``with_checksum``) is ``version`` with rank 0's checksum;
+        returns rank 0's. Raises WeightMismatchError otherwise (as :meth:`load_weights`)."""
         from rlsdk.versioning import WeightMismatchError
 
-        self._check_open()
-        results = await self._broadcast("weight_info", {})
+        results = list(infos)
         wrong = {rank: int(r["version"]) for rank, r in enumerate(results) if int(r["version"]) != version}
         if wrong:
             raise WeightMismatchError(f"colocated sync of v{version}: ranks serve other versions {wrong}")

@@ -251,11 +251,19 @@ class TrainEngine:
         return no_sync()
 
     def update(
-        self, shard: dict[str, torch.Tensor], num_tokens_global: int, *, num_sequences_global: int | None = None
+        self,
+        shard: dict[str, torch.Tensor],
+        num_tokens_global: int,
+        *,
+        num_sequences_global: int | None = None,
+        with_checksum: bool = False,
     ) -> dict[str, Any]:
         """One optimizer step on this rank's shard; returns metric SUMS over this shard (controller reduces).
 
         Publishes version + 1. See :meth:`accumulate_gradients` for the shard layout and normalisation.
+        ``with_checksum``: the result also holds the new weights' ``checksum`` (:meth:`weight_info`; every rank
+        must get the same flag: with 'fsdp2' it gathers), so a colocated engine verifies the sync without another
+        command.
         """
         start = time.perf_counter()
         sums = self.accumulate_gradients(shard, num_tokens_global, num_sequences_global=num_sequences_global)
@@ -278,6 +286,8 @@ class TrainEngine:
             seconds=time.perf_counter() - start,
             sequences=shard["completion_ids_B_C"].shape[0],
         )
+        if with_checksum:
+            result["checksum"] = self.weight_info()["checksum"]
         return result
 
     def accumulate_gradients(
