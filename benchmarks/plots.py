@@ -23,7 +23,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 OUT = ROOT / "docs" / "img" / "benchmarks"
-SYSTEM_LABELS = {"trl": "TRL GRPOTrainer", "bare": "bare loop", "rlsdk": "rlsdk", "rlsdk_async": "rlsdk async"}
+SYSTEM_LABELS = {
+    "trl": "TRL GRPOTrainer",
+    "bare": "bare loop",
+    "rlsdk": "rlsdk",
+    "rlsdk_async": "rlsdk async",
+    "rlsdk_colocated": "rlsdk colocated",
+}
 
 
 def _pyplot() -> Any:

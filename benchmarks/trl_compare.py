@@ -1,6 +1,7 @@
 """Peer comparison on the default task: HF TRL's GRPOTrainer, the bare loop and rlsdk's default recipe, on CPU.
 
-Four systems, each run in its own fresh subprocess, interleaved per seed (TRL, bare, rlsdk, rlsdk_async, TRL, ...),
+Five systems, each run in its own fresh subprocess, interleaved per seed (TRL, bare, rlsdk, rlsdk_async,
+rlsdk_colocated, TRL, ...),
 all from the same tiny policy (``rlsdk.data.build_tiny_policy(path, seed=seed)``, Qwen2-style, ~133k parameters,
 16-token character tokenizer) on the same data set (``rlsdk.data.reverse_digits_dataset(10000, seed=seed)``,
 3-digit prompts ``"123>"``, answers ``"321"``) and reward (``rlsdk.rewards.reverse_reward``):
@@ -8,13 +9,16 @@ all from the same tiny policy (``rlsdk.data.build_tiny_policy(path, seed=seed)``
 - ``trl``: ``trl.GRPOTrainer`` (the ``bench`` extra), transformers ``generate`` for sampling, in one process;
 - ``bare``: ``benchmarks/bare_grpo.run_bare``, the single-process GRPO loop (the floor for per-step overhead);
 - ``rlsdk``: the default recipe's ``config()`` (``recipes/grpo_reverse.py``) through a real ``Session``: 2 train
-  ranks (1 torch thread each, the default), the embedded engine in the controller (torch's default threads),
+  ranks (1 torch thread each, the default), the embedded engine in the controller (1 thread, the recipe's),
   rollout -> reward -> update -> sync per step, exactly the recipe's loop (without its progress bar and final
   checkpoint, which are not timed);
 - ``rlsdk_async``: the same config with ``rollout.mode = 'async'`` and ``rollout.max_staleness = 1``, and the same
   plain loop: the Session starts generating batch n+1 in the background when ``rollout()`` hands out batch n, so
   the engine generates it (from weights one version old) while the ranks train step n; a sync that lands during
-  that generation is applied between decode steps (see docs/howto/async.md).
+  that generation is applied between decode steps (see docs/howto/async.md);
+- ``rlsdk_colocated``: the same config with ``inference.engine = 'colocated'``: the 2 train ranks generate with the
+  weights they train (each its half of the batch), as TRL does in its one process; a sync moves no weights, it
+  checks both ranks serve the new version with equal weights (see docs/howto/colocated.md).
 
 Shared hyper-parameters: 16 prompts x 16 samples per step, at most 5 new tokens, temperature 1.0 (no top-k/top-p),
 AdamW lr 1e-3 constant, betas (0.9, 0.999), no weight decay, grad-norm clip 1.0, PPO clip 0.2 both sides,
@@ -61,8 +65,9 @@ every step, like rlsdk's TensorBoard scalars; the console printer callback is re
 
 Threads: each system gets the whole machine (2 cores here) with its best thread setting. The full run first
 measures 1 vs 2 torch threads for TRL and the bare loop (``PREPASS_STEPS`` steps each, seed 0, interleaved) and
-keeps the faster; ``--threads-trl`` / ``--threads-bare`` skip that. rlsdk uses its defaults (2 ranks x 1 thread +
-the engine in the controller, torch's default threads), both variants. ``--quick`` uses 1 thread and no pre-pass.
+keeps the faster; ``--threads-trl`` / ``--threads-bare`` skip that. rlsdk uses the recipe's settings (2 ranks x 1
+thread, the embedded engine with 1 thread; colocated: the ranks' threads). ``--quick`` uses 1 thread and no
+pre-pass.
 
 Usage: ``python benchmarks/trl_compare.py [--quick] [--json PATH] [--seeds 0 1 2] [--max-steps 1000]``.
 Needs the ``bench`` extra (``pip install -e ".[bench]"``).
@@ -92,7 +97,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import environment, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
-SYSTEMS = ("trl", "bare", "rlsdk", "rlsdk_async")
+SYSTEMS = ("trl", "bare", "rlsdk", "rlsdk_async", "rlsdk_colocated")
+# rlsdk system -> (rollout.mode, inference.engine) of the recipe's config
+RLSDK_VARIANTS = {
+    "rlsdk": ("sequential", "embedded"),
+    "rlsdk_async": ("async", "embedded"),
+    "rlsdk_colocated": ("sequential", "colocated"),
+}
 PROMPTS_PER_STEP = 16
 GROUP_SIZE = 16
 MAX_NEW_TOKENS = 5
@@ -275,7 +286,9 @@ def worker_bare(model_dir: Path, seed: int, max_steps: int, target: float, threa
     return _summary("bare", seed, threads, setup_s, times, [m["reward_mean"] for m in history], target)
 
 
-def _recipe_config(model_dir: Path, out_dir: Path, seed: int, max_steps: int, target: float, mode: str) -> Any:
+def _recipe_config(
+    model_dir: Path, out_dir: Path, seed: int, max_steps: int, target: float, mode: str, engine: str
+) -> Any:
     spec = importlib.util.spec_from_file_location("grpo_reverse_recipe", ROOT / "recipes" / "grpo_reverse.py")
     assert spec is not None and spec.loader is not None
     recipe = importlib.util.module_from_spec(spec)
@@ -286,6 +299,7 @@ def _recipe_config(model_dir: Path, out_dir: Path, seed: int, max_steps: int, ta
         model=dataclasses.replace(config.model, path=str(model_dir)),
         train=dataclasses.replace(config.train, max_steps=max_steps, target_reward=target),
         rollout=dataclasses.replace(config.rollout, mode=mode, max_staleness=1 if mode == "async" else 0),
+        inference=dataclasses.replace(config.inference, engine=engine),
         observe=dataclasses.replace(config.observe, output_dir=str(out_dir)),
         seed=seed,
     )
@@ -316,21 +330,21 @@ async def _rlsdk_loop(config: Any, t0: float) -> tuple[float, list[float], list[
     return setup_s, times, rewards
 
 
-def worker_rlsdk(model_dir: Path, out_dir: Path, seed: int, max_steps: int, target: float, mode: str) -> dict:
+def worker_rlsdk(model_dir: Path, out_dir: Path, seed: int, max_steps: int, target: float, system: str) -> dict:
     from rlsdk.data import build_tiny_policy
 
     t0 = time.perf_counter()
     build_tiny_policy(model_dir, seed=seed)
-    config = _recipe_config(model_dir, out_dir, seed, max_steps, target, mode)
+    mode, engine = RLSDK_VARIANTS[system]
+    config = _recipe_config(model_dir, out_dir, seed, max_steps, target, mode, engine)
     if config.observe.moving_average != TARGET_WINDOW:
         raise RuntimeError(f"recipe's moving_average is {config.observe.moving_average}, expected {TARGET_WINDOW}")
     setup_s, times, rewards = asyncio.run(_rlsdk_loop(config, t0))
     threads = {
         "num_ranks": config.launch.num_ranks,
         "threads_per_rank": config.launch.threads_per_rank,
-        "engine_threads": config.inference.num_threads or "torch default",
+        "engine_threads": "ranks" if engine == "colocated" else config.inference.num_threads or "torch default",
     }
-    system = "rlsdk_async" if mode == "async" else "rlsdk"
     return _summary(system, seed, threads, setup_s, times, rewards, target)
 
 
@@ -342,8 +356,7 @@ def worker_main(args: argparse.Namespace) -> None:
     elif args.worker == "bare":
         result = worker_bare(model_dir, args.seed, args.max_steps, args.target, args.threads)
     else:
-        mode = "async" if args.worker == "rlsdk_async" else "sequential"
-        result = worker_rlsdk(model_dir, work / "rlsdk-out", args.seed, args.max_steps, args.target, mode)
+        result = worker_rlsdk(model_dir, work / "rlsdk-out", args.seed, args.max_steps, args.target, args.worker)
     Path(args.result).write_text(json.dumps(result))
 
 
@@ -431,8 +444,12 @@ def print_results(table: dict[str, dict[str, Any]], target: float) -> dict[str, 
         "rlsdk_async_over_trl_seconds_to_target": _ratio(
             median("rlsdk_async", "seconds_to_target"), median("trl", "seconds_to_target")
         ),
+        "rlsdk_colocated_over_trl_seconds_to_target": _ratio(
+            median("rlsdk_colocated", "seconds_to_target"), median("trl", "seconds_to_target")
+        ),
         "rlsdk_over_bare_step": _ratio(median("rlsdk", "step_ms"), median("bare", "step_ms")),
         "rlsdk_async_over_bare_step": _ratio(median("rlsdk_async", "step_ms"), median("bare", "step_ms")),
+        "rlsdk_colocated_over_bare_step": _ratio(median("rlsdk_colocated", "step_ms"), median("bare", "step_ms")),
         "trl_over_bare_step": _ratio(median("trl", "step_ms"), median("bare", "step_ms")),
     }
     print("\nratios of medians (must show: rlsdk / TRL seconds to target <= 0.5, rlsdk / bare s/step <= 1.5):")

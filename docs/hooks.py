@@ -231,7 +231,7 @@ def _ratio(value: Any) -> str:
 
 
 def peer_section(path: Path) -> str:
-    """``benchmarks/trl_compare.py``: TRL's GRPOTrainer, the bare loop and rlsdk (sequential and async)."""
+    """``benchmarks/trl_compare.py``: TRL's GRPOTrainer, the bare loop and rlsdk (sequential, async, colocated)."""
     command = f"python benchmarks/trl_compare.py --json {RESULTS}/trl_compare.json"
     lines = [
         "",
@@ -239,8 +239,9 @@ def peer_section(path: Path) -> str:
         "",
         "`benchmarks/trl_compare.py` (the `bench` extra) trains the default task (reverse 3 digits, the tiny policy,",
         "16 prompts x 16 samples, lr 1e-3) with HF TRL's `GRPOTrainer`, the bare single-process loop and rlsdk's",
-        "default recipe (sequential, and `rollout.mode='async'`), each in a fresh process, interleaved per seed, to",
-        "a 10-step moving mean reward of 0.9 (capped; a run that misses counts as longer than the cap).",
+        "default recipe (sequential; `rollout.mode='async'`; `inference.engine='colocated'`: the train ranks",
+        "generate), each in a fresh process, interleaved per seed, to a 10-step moving mean reward of 0.9 (capped;",
+        "a run that misses counts as longer than the cap).",
         "Reproduce:",
         "",
         f"`{command}`",
@@ -265,7 +266,14 @@ def peer_section(path: Path) -> str:
             f"{_range(row.get('seconds_to_target', {}))} |"
         )
     lines += ["", "Median over seeds (min-max).", "", "| ratio of medians | value | must show |", "| --- | --- | --- |"]
-    targets = {"rlsdk_over_trl_seconds_to_target": "<= 0.5", "rlsdk_over_bare_step": "<= 1.5"}
+    targets = {
+        name: bound
+        for variant in ("rlsdk", "rlsdk_async", "rlsdk_colocated")
+        for name, bound in (
+            (f"{variant}_over_trl_seconds_to_target", "<= 0.5"),
+            (f"{variant}_over_bare_step", "<= 1.5"),
+        )
+    }
     for name, value in ratios.items():
         lines.append(f"| {name} | {_ratio(value)} | {targets.get(name, '')} |")
     chosen, ours = threads.get("chosen", {}), threads.get("rlsdk")

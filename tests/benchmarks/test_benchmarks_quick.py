@@ -57,13 +57,13 @@ def check_algorithms(data: dict[str, Any]) -> None:
 
 
 def check_trl_compare(data: dict[str, Any]) -> None:
-    assert [run["system"] for run in data["runs"]] == ["trl", "bare", "rlsdk", "rlsdk_async"]
+    assert [run["system"] for run in data["runs"]] == ["trl", "bare", "rlsdk", "rlsdk_async", "rlsdk_colocated"]
     for run in data["runs"]:
         assert run["steps_run"] == 5
         assert len(run["step_time_s"]) == len(run["reward_mean"]) == 5
         assert run["step_s_median"] > 0
         assert all(0.0 <= r <= 1.0 for r in run["reward_mean"])
-    assert set(data["summary"]) == {"trl", "bare", "rlsdk", "rlsdk_async"}
+    assert set(data["summary"]) == {"trl", "bare", "rlsdk", "rlsdk_async", "rlsdk_colocated"}
     assert data["ratios"]["rlsdk_over_bare_step"] > 0
     assert data["environment"]["versions"]["trl"]
     assert data["trl_settings"]["loss_type"] == "dapo"
