@@ -33,6 +33,7 @@ from rlsdk import Session
 from rlsdk.config import (
     AlgorithmConfig,
     DataConfig,
+    InferenceConfig,
     ModelConfig,
     ObserveConfig,
     RolloutConfig,
@@ -53,6 +54,10 @@ def config() -> SessionConfig:
         model=ModelConfig(path=DEFAULT_MODEL),
         train=TrainConfig(lr=1e-3, max_steps=2000, target_reward=0.9, micro_batch_size=128),
         algorithm=AlgorithmConfig(scale_rewards=False, entropy_coef=0.01),
+        # One thread for the embedded engine: the 2 ranks take a core each while they train, and a second engine
+        # thread's OpenMP worker spin-waits beside them after every generation (2-core machine: ~39 ms a step
+        # with 1 engine thread, 41-45 ms with torch's default 2). More threads pay off for larger models.
+        inference=InferenceConfig(num_threads=1),
         rollout=RolloutConfig(group_size=16, max_new_tokens=5, temperature=1.0),
         data=DataConfig(prompts_per_step=16, min_digits=3, max_digits=3),
         # One output root per run, so TensorBoard curves and checkpoints of separate runs never mix.
