@@ -310,9 +310,24 @@ def async_section(path: Path) -> str:
         f"Seeds {data.get('seeds')}, cap {data.get('max_steps')} steps, target {data.get('target')} "
         "(a miss counts as the whole step budget). " + _environment(data),
         "",
-        "| measurement | sequential | async | async / sequential |",
-        "| --- | --- | --- | --- |",
+        *_async_rows(summary),
+        "",
     ]
+    tool = data.get("tool_task")
+    if tool:
+        lines += [
+            f"The multi-turn tool-use recipe (recipes/tool_lookup.py) with a tool that answers after "
+            f"{tool.get('tool_latency_ms'):g} ms (a stand-in for a code sandbox or web API: waiting, no local CPU), "
+            f"target: the 10-step mean of `{tool.get('target_metric')}`, same seeds and cap:",
+            "",
+            *_async_rows(tool.get("summary", {})),
+            "",
+        ]
+    return "\n".join(lines + _plot("async_rollouts.png", "async vs sequential rollouts"))
+
+
+def _async_rows(summary: dict[str, Any]) -> list[str]:
+    lines = ["| measurement | sequential | async | async / sequential |", "| --- | --- | --- | --- |"]
     names = {"seconds_to_target": "seconds to target", "step_ms": "ms per step", "final_moving_reward": "final reward"}
     for key, name in names.items():
         row = summary.get(key)
@@ -323,12 +338,8 @@ def async_section(path: Path) -> str:
                 f"{_ratio(row.get('ratio_async_over_sequential'))} |"
             )
     missed = summary.get("missed", {})
-    lines += [
-        "",
-        f"Runs that missed the target: sequential {missed.get('sequential')}, async {missed.get('async')}.",
-        "",
-    ]
-    return "\n".join(lines + _plot("async_rollouts.png", "async vs sequential rollouts"))
+    lines += ["", f"Runs that missed the target: sequential {missed.get('sequential')}, async {missed.get('async')}."]
+    return lines
 
 
 def scaling_section(path: Path) -> str:

@@ -48,6 +48,12 @@ def check_async_rollouts(data: dict[str, Any]) -> None:
     assert {mode: len(runs) for mode, runs in data["runs"].items()} == {"sequential": 1, "async": 1}
     assert all(run["steps"] == 12 for runs in data["runs"].values() for run in runs)
     assert data["summary"]["step_ms"]["ratio_async_over_sequential"] > 0
+    tool = data["tool_task"]  # the multi-turn tool task with a slow tool, both modes
+    assert {mode: [run["steps"] for run in runs] for mode, runs in tool["runs"].items()} == {
+        "sequential": [12],
+        "async": [12],
+    }
+    assert tool["tool_latency_ms"] > 0 and tool["summary"]["step_ms"]["ratio_async_over_sequential"] > 0
 
 
 def check_algorithms(data: dict[str, Any]) -> None:
