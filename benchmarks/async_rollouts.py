@@ -41,9 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
 
 from _harness import print_table, summarize, write_json
 from grpo_reverse import config as recipe_config
-from tool_lookup import MAX_TURNS
 from tool_lookup import REWARD as TOOL_REWARD
 from tool_lookup import config as tool_recipe_config
+from tool_lookup import lookup_workflow
 
 from rlsdk import Session, SessionConfig
 from rlsdk.data import build_tiny_policy
@@ -79,25 +79,13 @@ def run_config(
 
 def tool_workflow(session: Session, latency_s: float) -> Any:
     """recipes/tool_lookup.py's workflow with a tool that answers after ``latency_s`` (waiting, not computing)."""
-    from rlsdk.data.tool_tasks import TOOL_CALL, lookup_call, lookup_env, lookup_output
-    from rlsdk.engine.inference.protocol import SamplingParams
-    from rlsdk.workflow.multi_turn import MultiTurnWorkflow
+    from rlsdk.data.tool_tasks import lookup_env
 
     async def remote_lookup(call: str, row: dict[str, Any]) -> str:
         await asyncio.sleep(latency_s)
         return lookup_env(call, row)
 
-    rollout = session.config.rollout
-    params = SamplingParams(max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature)
-    return MultiTurnWorkflow(
-        session.tokenizer,
-        params,
-        remote_lookup,
-        max_turns=MAX_TURNS,
-        parse_call=lookup_call,
-        call_end=TOOL_CALL,
-        format_output=lookup_output,
-    )
+    return lookup_workflow(session, env=remote_lookup)
 
 
 async def run_once(

@@ -42,7 +42,7 @@ from rlsdk.data import build_tiny_policy
 from rlsdk.data.tool_tasks import TOOL_CALL, lookup_call, lookup_env, lookup_output, lookup_reward, tool_called_reward
 from rlsdk.engine.inference.protocol import SamplingParams
 from rlsdk.rewards import combine_rewards
-from rlsdk.workflow.multi_turn import MultiTurnWorkflow
+from rlsdk.workflow.multi_turn import EnvFn, MultiTurnWorkflow
 
 DEFAULT_MODEL = "outputs/models/tiny-reverse"
 MAX_TURNS = 2
@@ -60,14 +60,15 @@ def config() -> SessionConfig:
     )
 
 
-def lookup_workflow(session: Session) -> MultiTurnWorkflow:
-    """The tool-use loop over the session's tokenizer and sampling settings."""
+def lookup_workflow(session: Session, env: EnvFn = lookup_env) -> MultiTurnWorkflow:
+    """The tool-use loop over the session's tokenizer and sampling settings; ``env`` answers the calls (default:
+    :func:`rlsdk.data.tool_tasks.lookup_env`, in process)."""
     rollout = session.config.rollout
     params = SamplingParams(max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature)
     return MultiTurnWorkflow(
         session.tokenizer,
         params,
-        lookup_env,
+        env,
         max_turns=MAX_TURNS,
         parse_call=lookup_call,
         call_end=TOOL_CALL,
