@@ -322,6 +322,7 @@ class Session:
                 "RLSDK_LOG_LEVEL": level,
                 "OMP_NUM_THREADS": cfg.launch.threads_per_rank,
                 "RLSDK_TRACER": int(cfg.launch.tracer),
+                "RLSDK_SHM_ALLREDUCE": int(cfg.launch.shm_allreduce),
                 "RLSDK_PG_TIMEOUT_S": "" if cfg.launch.pg_timeout_s is None else cfg.launch.pg_timeout_s,
                 "RLSDK_TRACE_DIR": self.output_dir / "traces" / "live",
             },

@@ -97,6 +97,10 @@ class LaunchConfig:
         simulate_nodes_on_loopback: Allow scheduler 'slurm' or 'ray' with a loopback host: every "node" is a
             process group on this machine (the fake Slurm of the tests, a local Ray instance). Without it those
             schedulers need a host the compute nodes can reach (a non-loopback host and allow_remote=True).
+        shm_allreduce: Ranks that share a host all-reduce CPU tensors (DDP's gradient buckets included) through
+            a shared-memory segment instead of gloo's TCP loopback: every rank reduces in rank order, so all get
+            the same bits (see docs/architecture.md). Ranks on different hosts, non-x86-64 machines and
+            other collectives use gloo. False: every collective on gloo.
     """
 
     num_ranks: int = 2
@@ -130,6 +134,7 @@ class LaunchConfig:
     slurm_cpus_per_task: int | None = None
     ray_address: str | None = None
     simulate_nodes_on_loopback: bool = False
+    shm_allreduce: bool = True
 
     def __post_init__(self) -> None:
         check_types(self)

@@ -25,7 +25,10 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlsdk.engine.train.shm_allreduce import SharedMemoryAllreduce
 
 __all__ = [
     "BACKEND",
@@ -382,17 +385,32 @@ def _coalesced(call: Callable[[Any, Any, Any], Any], outputs: Sequence[Any], inp
     return _works([call(output, input, opts) for output, input in zip(outputs, inputs, strict=True)])
 
 
+def _shm_work(shm: SharedMemoryAllreduce, tensors: Any, reduce_op: str) -> Any:
+    """Reduce through shared memory now (synchronously) and return a completed Work whose future holds the
+    tensors, as gloo's does: DDP's reducer reads the bucket from it."""
+    import torch
+    from torch._C._distributed_c10d import _create_work_from_future
+
+    shm.allreduce(tensors[0], reduce_op)
+    future: torch.futures.Future[Any] = torch.futures.Future()
+    future.set_result(list(tensors))
+    return _create_work_from_future(future)
+
+
 def _make_group_class() -> type:
     import torch.distributed as dist
 
     class TracedProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         """A gloo process group that records each call before forwarding it (see the module docstring)."""
 
-        def __init__(self, gloo: Any, rank: int, size: int, name: str, tracer: Tracer) -> None:
+        def __init__(
+            self, gloo: Any, rank: int, size: int, name: str, tracer: Tracer, shm: SharedMemoryAllreduce | None = None
+        ) -> None:
             super().__init__(rank, size)
             self._gloo = gloo
             self._trace_name = name
             self._tracer = tracer
+            self._shm = shm
 
         def _go(
             self, op: str, tensors: Any, reduce_op: str | None, root: int | None, call: Callable[[], Any], p2p: bool
@@ -413,9 +431,14 @@ def _make_group_class() -> type:
         # Each method mirrors the C++ virtual with the same name; options objects pass through unchanged.
         def allreduce(self, tensors: Any, opts: Any = None) -> Any:
             opts = opts if opts is not None else dist.AllreduceOptions()
-            return self._go(
-                "allreduce", tensors, _reduce_name(opts), None, lambda: self._gloo.allreduce(tensors, opts), False
-            )
+            reduce_op = _reduce_name(opts)
+            shm = self._shm
+            if shm is not None and shm.supports(tensors, reduce_op):
+                assert reduce_op is not None
+                return self._go(
+                    "allreduce", tensors, reduce_op, None, lambda: _shm_work(shm, tensors, reduce_op), False
+                )
+            return self._go("allreduce", tensors, reduce_op, None, lambda: self._gloo.allreduce(tensors, opts), False)
 
         def allreduce_coalesced(self, tensors: Any, opts: Any) -> Any:
             return self._go(
@@ -619,32 +642,53 @@ def _create(common: Any, _backend_options: Any) -> Any:
     rank, size = common.group_rank, common.group_size
     gloo = dist.ProcessGroupGloo(common.store, rank, size, common.timeout)
     name = str(common.group_id)
-    group = _GROUP_CLASS(gloo, rank, size, name, tracer)
+    shm = None
+    if _SHM_ALLREDUCE:
+        from rlsdk.engine.train.shm_allreduce import SharedMemoryAllreduce
+
+        shm = SharedMemoryAllreduce.create(common.store, rank, size, common.timeout)
+    group = _GROUP_CLASS(gloo, rank, size, name, tracer, shm)
     # Un-overridden methods (and c10d's backend look-ups) reach gloo through the registered backend.
     group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
     tracer.groups[name] = {"rank": rank, "size": size, "ranks": list(common.global_ranks_in_group or range(size))}
     return group
 
 
-def install() -> None:
+_SHM_ALLREDUCE = False
+
+
+def install(*, shm_allreduce: bool | None = None) -> None:
     """Register the ``traced`` backend with c10d (idempotent). Import-time side effects are avoided on purpose:
-    call this in the rank before creating the process group."""
+    call this in the rank before creating the process group.
+
+    ``shm_allreduce``: groups created from now on all-reduce through shared memory when all their ranks share a
+    host (:mod:`rlsdk.engine.train.shm_allreduce`; the records are the same); None leaves the setting as is
+    (off by default)."""
     import torch.distributed as dist
+
+    global _SHM_ALLREDUCE
+    if shm_allreduce is not None:
+        _SHM_ALLREDUCE = shm_allreduce
 
     if BACKEND.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
 
 
-def init_traced_process_group(timeout_s: float | None = None) -> None:
+def init_traced_process_group(
+    timeout_s: float | None = None, *, record: bool = True, shm_allreduce: bool = False
+) -> None:
     """Create the default (WORLD) process group on the ``traced`` backend from the torchrun environment.
 
     Call it before ``Accelerator(cpu=True)``: accelerate then uses the existing group (it refuses the backend
-    name itself). ``timeout_s`` is the process-group timeout (``None``: torch's default).
+    name itself). ``timeout_s`` is the process-group timeout (``None``: torch's default). ``record=False``
+    turns the recording off (the group only forwards, and all-reduces through shared memory with
+    ``shm_allreduce``, see :func:`install`).
     """
     import torch.distributed as dist
 
-    install()
+    install(shm_allreduce=shm_allreduce)
+    get_tracer().enabled = record
     kwargs: dict[str, Any] = {}
     if timeout_s is not None:
         kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)

@@ -217,17 +217,20 @@ def _serve(channel: Any, worker: Worker) -> None:
 
 def _process_group(channel: Any) -> list[Any]:
     """Create the default process group before accelerate does: on the ``traced`` backend when
-    ``RLSDK_TRACER=1`` (accelerate refuses other backend names but uses an existing group), with the
-    ``RLSDK_PG_TIMEOUT_S`` timeout. Returns accelerate's kwargs handlers for the untraced case."""
+    ``RLSDK_TRACER=1`` or ``RLSDK_SHM_ALLREDUCE=1`` (accelerate refuses other backend names but uses an existing
+    group; without the tracer the group records nothing and only routes all-reduces through shared memory),
+    with the ``RLSDK_PG_TIMEOUT_S`` timeout. Returns accelerate's kwargs handlers for the plain gloo case."""
     timeout_text = os.environ.get("RLSDK_PG_TIMEOUT_S", "")
     timeout_s = float(timeout_text) if timeout_text else None
     from rlsdk.debug.rank import install_trace_query
 
     install_trace_query(channel)  # stacks of every thread, with or without the tracer
-    if os.environ.get("RLSDK_TRACER") == "1":
+    record = os.environ.get("RLSDK_TRACER") == "1"
+    shm_allreduce = os.environ.get("RLSDK_SHM_ALLREDUCE") == "1"
+    if record or shm_allreduce:
         from rlsdk.debug.tracer import init_traced_process_group
 
-        init_traced_process_group(timeout_s)
+        init_traced_process_group(timeout_s, record=record, shm_allreduce=shm_allreduce)
         return []
     if timeout_s is None:
         return []
