@@ -160,6 +160,23 @@ def completion_logprobs(
     return logprobs_B_C, entropy_B_C
 
 
+def distinct_rows(rows: list[list[int]]) -> tuple[list[int], list[int]]:
+    """``(first, inverse)``: the index of each distinct row's first occurrence, in order of appearance, and for
+    every row the position of its distinct row in ``first``. A dict over the rows: for a GRPO batch (128 rows)
+    ~10x faster than ``torch.unique(dim=0)``, which sorts them."""
+    slots: dict[tuple[int, ...], int] = {}
+    first: list[int] = []
+    inverse: list[int] = []
+    for index, row in enumerate(rows):
+        key = tuple(row)
+        slot = slots.get(key)
+        if slot is None:
+            slot = slots[key] = len(first)
+            first.append(index)
+        inverse.append(slot)
+    return first, inverse
+
+
 def _shared_prompt_logits(
     model: torch.nn.Module,
     prompt_ids_B_P: torch.Tensor,
@@ -180,9 +197,11 @@ def _shared_prompt_logits(
     completion_len = completion_ids_B_C.shape[1]
     prompt_mask_B_P = prompt_mask_B_P.long()
     key_B_2P = torch.cat([prompt_ids_B_P.long() * prompt_mask_B_P, prompt_mask_B_P], dim=1)
-    unique_U_2P, inverse_B = torch.unique(key_B_2P, dim=0, return_inverse=True)
-    if unique_U_2P.shape[0] == batch:
+    first_U, inverse = distinct_rows(key_B_2P.tolist())
+    if len(first_U) == batch:
         return None
+    unique_U_2P = key_B_2P[torch.tensor(first_U, device=key_B_2P.device)]
+    inverse_B = torch.tensor(inverse, device=key_B_2P.device)
     prompt_mask_U_P = unique_U_2P[:, prompt_len:]
     output = model(
         input_ids=unique_U_2P[:, :prompt_len],

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rlsdk.algorithms import completion_logprobs, token_entropy, token_logprobs
+from rlsdk.algorithms.logprobs import distinct_rows
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +198,16 @@ def test_completion_logprobs_share_prompts_without_repeats_runs_one_model_call(t
         handle.remove()
 
     assert len(calls) == 3  # distinct prompts: the one-call path; a repeated prompt: prompt pass + completions
+
+
+def test_distinct_rows_gives_first_occurrences_in_order_and_merges_repeats_that_are_not_adjacent() -> None:
+    # Arrange
+    rows = [[1, 2], [3, 4], [1, 2], [5, 6], [3, 4], [1, 2]]
+
+    # Act
+    first, inverse = distinct_rows(rows)
+
+    # Assert
+    assert first == [0, 1, 3]
+    assert inverse == [0, 1, 0, 2, 1, 0]
+    assert [rows[first[slot]] for slot in inverse] == rows
