@@ -98,7 +98,7 @@ def run_bare(
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         pad_id, eos_id = int(tokenizer.pad_token_id), int(tokenizer.eos_token_id)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, fused=True)  # as rlsdk and TRL
         sampler = PromptSampler(reverse_digits_dataset(num_examples, seed=seed), prompts_per_step, seed=seed)
         generator = torch.Generator().manual_seed(seed)
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)

@@ -44,8 +44,9 @@ CPU plumbing: ``use_cpu=True``, ``bf16=False`` (TRL defaults to bf16 where avail
 every step, like rlsdk's TensorBoard scalars; the console printer callback is removed), ``disable_tqdm=True``,
 ``dataloader_num_workers=0``, ``seed=data_seed=seed``, a fresh ``output_dir`` per run. Deviations:
 
-1. Optimizer implementation: TRL's default ``optim="adamw_torch_fused"`` (same AdamW update, fused kernel);
-   rlsdk uses ``torch.optim.AdamW`` (foreach). Kept as TRL's default, the setting a TRL user gets.
+1. Optimizer implementation: none left. TRL's default ``optim="adamw_torch_fused"``, rlsdk's DDP ranks and the
+   bare loop all run ``torch.optim.AdamW(fused=True)`` (the JSON of a run before 2026-11-30 records foreach for
+   rlsdk and the bare loop).
 2. Old log-probs: with ``num_iterations=1`` TRL uses the detached current log-probs (ratio exactly 1) and skips
    a forward pass; rlsdk uses the sampler's log-probs (ratio 1 up to float rounding).
 3. Prompt order: TRL's ``RepeatSampler`` shuffles with its own generator (seed ``seed``), rlsdk's
@@ -149,7 +150,8 @@ TRL_SETTINGS: dict[str, Any] = {
     "dataloader_num_workers": 0,
 }
 TRL_DEVIATIONS = [
-    "optimizer: TRL's default optim='adamw_torch_fused' (same AdamW update); rlsdk uses torch.optim.AdamW (foreach)",
+    "optimizer: none; TRL (its default optim='adamw_torch_fused'), rlsdk's DDP ranks and the bare loop all use "
+    "torch.optim.AdamW(fused=True)",
     "old log-probs: TRL (num_iterations=1) uses the detached current log-probs, ratio exactly 1, one forward fewer; "
     "rlsdk uses the sampler's log-probs (ratio 1 up to rounding)",
     "prompt order: TRL's RepeatSampler shuffle (seed) vs rlsdk's PromptSampler randperm (seed + epoch)",

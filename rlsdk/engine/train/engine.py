@@ -194,9 +194,17 @@ class TrainEngine:
                 model.parameters(), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay
             )
         else:
-            optimizer = torch.optim.AdamW(
-                model.parameters(), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay
-            )
+            # The fused kernel (one pass over each parameter, TRL's default 'adamw_torch_fused'): the same AdamW
+            # update at ~3x less time than foreach on the default policy; foreach where a device has no kernel.
+            try:
+                optimizer = torch.optim.AdamW(
+                    model.parameters(), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay, fused=True
+                )
+            except RuntimeError as exc:
+                logger.debug("fused AdamW unavailable (%s); using foreach", exc)
+                optimizer = torch.optim.AdamW(
+                    model.parameters(), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay
+                )
             self.model, self.optimizer = accelerator.prepare(model, optimizer)
             if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
                 # DDP re-broadcasts rank 0's buffers before every forward that syncs gradients (meant for
