@@ -285,16 +285,3 @@ class SharedMemoryAllreduce:
                 f"shared-memory all-reduce (chunk {target}) timed out after {waited_s:.0f} s (process group "
                 f"timeout {self.timeout_s:.0f} s): ranks {missing} never arrived"
             )
-
-    def close(self) -> None:
-        """Unmap the segment (idempotent); later calls fail."""
-        if self._buffer is None:
-            return
-        self._counters.release()
-        self._view.release()
-        self._slots = None  # type: ignore[assignment]
-        try:
-            self._buffer.close()
-        except BufferError:  # a tensor still views it: the mapping goes with the process
-            logger.debug("shared all-reduce segment still in use at close; left mapped")
-        self._buffer = None
