@@ -182,6 +182,9 @@ class Session:
         self._pad_token_id: int | None = None  # the model's, for joining rollouts (dynamic sampling)
         self._prefetch: asyncio.Task[Rollout] | None = None  # rollout.mode='async': the batch being generated
         self._prefetch_state: tuple[dict[str, Any], int] | None = None  # (data position, rollouts) before it
+        # inference.lookahead: (the next batch's rows, the data position before them), drawn by update() for the
+        # ranks to sample right after it; the next default rollout() or next_prompts() takes these rows.
+        self._lookahead: tuple[list[dict[str, Any]], dict[str, Any]] | None = None
         self._publish_dir: str | None = None
         self._engine_watch: asyncio.Task[None] | None = None
         # Restores the event-loop thread's torch intra-op thread count (lowered to 1 while the Session runs).
@@ -756,6 +759,9 @@ class Session:
     def next_prompts(self) -> list[dict[str, Any]]:
         """The next ``data.prompts_per_step`` rows of the session's data set (seeded, epoch-shuffled)."""
         self._engine()
+        if self._lookahead is not None:  # drawn already, for the look-ahead (inference.lookahead)
+            rows, self._lookahead = self._lookahead[0], None
+            return rows
         return normalize_rows(self.prompt_sampler.next_batch())
 
     async def rollout(
@@ -806,8 +812,7 @@ class Session:
             raise ValueError("rollout needs at least one prompt; got an empty prompt list")
         assert self.workflow is not None
         start = time.perf_counter()
-        # One seed per rollout, derived from the session seed: the same config replays the same samples.
-        seed = (self.config.seed * 1_000_003 + self._rollouts) % (1 << 62)
+        seed = self._rollout_seed()
         self._rollouts += 1
         group_size = self.config.rollout.group_size
         trainer_version = self.versions.trainer_version
@@ -822,6 +827,44 @@ class Session:
         rollout.info["seconds"] = time.perf_counter() - start
         rollout.info["trainer_version"] = trainer_version
         return rollout
+
+    def _rollout_seed(self) -> int:
+        """The next rollout's seed: one per rollout, derived from the session seed, so the same config replays
+        the same samples."""
+        return (self.config.seed * 1_000_003 + self._rollouts) % (1 << 62)
+
+    def _plan_lookahead(self, engine: InferenceEngine) -> list[dict[str, Any]] | None:
+        """``inference.lookahead``: every rank's ``generate`` body for the batch the next default ``rollout()``
+        will ask for (the data set's next rows, the next seed), to run on the ranks right after the update;
+        ``None`` when it does not apply (not colocated, async mode, a custom workflow, no data left)."""
+        from rlsdk.engine.inference.colocated import ColocatedEngine
+        from rlsdk.workflow.single_turn import SingleTurnWorkflow
+
+        cfg = self.config
+        if not (
+            cfg.inference.lookahead
+            and cfg.rollout.mode == "sequential"
+            and isinstance(engine, ColocatedEngine)
+            and type(self.workflow) is SingleTurnWorkflow
+        ):
+            return None
+        if self._lookahead is None:
+            before = self.prompt_sampler.state_dict()
+            try:
+                rows = normalize_rows(self.prompt_sampler.next_batch())
+            except Exception:  # the next rollout() raises it where the user asked for the rows
+                logger.debug("no look-ahead: drawing the next rows failed", exc_info=True)
+                self.prompt_sampler.load_state_dict(before)
+                return None
+            self._lookahead = (rows, before)
+        try:
+            _, repeated, params = self.workflow.request(
+                self._lookahead[0], cfg.rollout.group_size, seed=self._rollout_seed()
+            )
+            return engine.lookahead_bodies(repeated, params)
+        except Exception:  # e.g. an empty prompt: the rollout() that takes these rows raises it
+            logger.debug("no look-ahead: the next batch's request is invalid", exc_info=True)
+            return None
 
     async def reward(self, rollout: Rollout, reward_fn: RewardFn, *, timeout_s: float | None = None) -> Rollout:
         """Score ``rollout`` with ``reward_fn`` (sync or async, batched); returns a new Rollout with rewards.
@@ -886,8 +929,11 @@ class Session:
         from rlsdk.algorithms import compute_advantages
         from rlsdk.observe.progress import CallProgress
 
-        self._engine()
+        engine = self._engine()
         cfg = self.config
+        discard_lookahead = getattr(engine, "discard_lookahead", None)
+        if discard_lookahead is not None:
+            discard_lookahead()  # sampled with the weights this update replaces
         if rollout.rewards_B is None:
             raise ValueError("rollout has no rewards: call `rollout = await session.reward(rollout, fn)` first")
         start = time.perf_counter()
@@ -932,12 +978,14 @@ class Session:
         num_tokens = int(batch["completion_mask_B_C"].sum())
         per_rank = index_B.numel() // world
         colocated = cfg.inference.engine == "colocated"
+        lookahead = self._plan_lookahead(engine)
         bodies = [
             {
                 "shard": {k: v[r * per_rank : (r + 1) * per_rank] for k, v in batch.items()},
                 "num_tokens": num_tokens,
                 "num_sequences": index_B.numel(),
                 "with_checksum": colocated,
+                **({"then_generate": lookahead[r]} if lookahead is not None else {}),
             }
             for r in range(world)
         ]
@@ -952,6 +1000,12 @@ class Session:
             enabled=progress,
         ):
             results = await self._broadcast("update", bodies, timeout_s=cfg.launch.command_timeout_s)
+        if lookahead is not None:
+            generated = [r.pop("then_generate", None) for r in results]
+            errors = [r.pop("then_generate_error", None) for r in results]
+            if any(error is not None for error in errors):
+                logger.debug("look-ahead generation failed on the ranks (the next rollout retries): %s", errors)
+            engine.hold(None if any(g is None for g in generated) else generated)  # type: ignore[attr-defined]
         versions = {int(r["version"]) for r in results}
         if len(versions) != 1:
             raise VersionError(f"ranks disagree on the trainer version after update: {sorted(versions)}")
@@ -1109,6 +1163,8 @@ class Session:
         # and rollout count from before it, so a resume generates it again (from the checkpoint's weights).
         if self._prefetch_state is not None:
             data_state, rollouts = self._prefetch_state
+        elif self._lookahead is not None:  # rows drawn for the look-ahead, not yet rolled out
+            data_state, rollouts = self._lookahead[1], self._rollouts
         else:
             data_state, rollouts = self.prompt_sampler.state_dict(), self._rollouts
         tmp = root / f"step_{version}.tmp-{uuid.uuid4().hex[:8]}"

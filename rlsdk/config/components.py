@@ -286,6 +286,12 @@ class InferenceConfig:
             the published file through vLLM (keeps vLLM's packed CPU weights: fastest generation). 'inplace' (CPU
             only): the server keeps plain weights and the file is copied straight into them (113M model: sync ~3x
             faster, generation ~2x slower; see docs/howto/vllm.md).
+        lookahead: colocated only: each ``Session.update`` also samples the next batch (the data set's next rows,
+            the next rollout's seed) on the ranks with the new weights, in the same rank command, and the next
+            ``Session.rollout()`` returns it without a round trip to the ranks. The samples are the same as
+            without it (same rows, seed and weights); explicit prompts, other sampling params or a custom
+            workflow generate then and there. Applies with ``rollout.mode='sequential'`` and the default
+            single-turn workflow; False = every rollout sends its own command.
     """
 
     engine: Literal["embedded", "vllm", "colocated"] = "embedded"
@@ -300,6 +306,7 @@ class InferenceConfig:
     request_timeout_s: float = 600.0
     extra_server_args: tuple[str, ...] = ()
     weight_transfer: Literal["auto", "reload", "inplace"] = "auto"
+    lookahead: bool = True
 
     def __post_init__(self) -> None:
         check_types(self)

@@ -113,12 +113,24 @@ class Worker:
         return checksum_algorithm(checksum) != CHECKSUM_ALGORITHM
 
     def update(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._require_engine().update(
+        """One optimizer step. With ``then_generate`` (a ``generate`` body: the colocated engine's look-ahead), this
+        rank then samples its share of the next batch with the new weights and returns it as ``then_generate``;
+        a generation that raises leaves the update's result standing and returns ``then_generate_error`` instead
+        (the Session then generates the batch with a plain ``generate`` command, which raises it again)."""
+        result = self._require_engine().update(
             body["shard"],
             body["num_tokens"],
             num_sequences_global=body.get("num_sequences"),
             with_checksum=bool(body.get("with_checksum", False)),
         )
+        then_generate = body.get("then_generate")
+        if then_generate is not None:
+            try:
+                result["then_generate"] = self.generate(then_generate)
+            except Exception as exc:
+                logger.debug("look-ahead generation after update failed", exc_info=True)
+                result["then_generate_error"] = f"{type(exc).__name__}: {exc}"
+        return result
 
     def weight_info(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._require_engine().weight_info()

@@ -32,13 +32,22 @@ class SingleTurnWorkflow:
         self.tokenizer = tokenizer
         self.params = params
 
-    async def arun_batch(
-        self, engine: InferenceEngine, rows: Sequence[dict[str, Any]], group_size: int, *, seed: int | None = None
-    ) -> Rollout:
+    def request(
+        self, rows: Sequence[dict[str, Any]], group_size: int, *, seed: int | None = None
+    ) -> tuple[list[list[int]], list[list[int]], SamplingParams]:
+        """What :meth:`arun_batch` asks the engine for: ``(prompt_ids, repeated, params)``, the prompts' token ids,
+        each repeated ``group_size`` times (the ``generate`` prompts), and the sampling params with ``seed``.
+        The Session's colocated look-ahead samples the next batch from this before ``arun_batch`` runs."""
         # one batched tokenizer call: the same ids as one call per prompt, without the per-call overhead
         prompt_ids = [list(ids) for ids in self.tokenizer([row["prompt"] for row in rows])["input_ids"]] if rows else []
         repeated = [ids for ids in prompt_ids for _ in range(group_size)]
         params = self.params if seed is None else dataclasses.replace(self.params, seed=seed)
+        return prompt_ids, repeated, params
+
+    async def arun_batch(
+        self, engine: InferenceEngine, rows: Sequence[dict[str, Any]], group_size: int, *, seed: int | None = None
+    ) -> Rollout:
+        prompt_ids, repeated, params = self.request(rows, group_size, seed=seed)
         result = await engine.generate(repeated, params)
         pad = self.tokenizer.pad_token_id
         # each prompt padded once, then repeated: the same tensors as padding every repeated row

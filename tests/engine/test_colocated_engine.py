@@ -248,3 +248,61 @@ def test_constructor_with_bad_sizes_raises_naming_the_argument(field: str, value
     with pytest.raises(ValueError, match=f"{field}=0 is invalid"):
         ColocatedEngine(broadcast, kwargs["num_ranks"], pad_token_id=0, eos_token_id=1,
                         max_batch_size=kwargs["max_batch_size"])  # fmt: skip
+
+
+def test_generate_after_hold_of_the_same_request_returns_the_held_result_without_a_rank_command(
+    model: torch.nn.Module, prompt_ids: list[list[int]]
+) -> None:
+    # Arrange: the look-ahead bodies run on the ranks (as update's then_generate would), results held
+    ranks = FakeRanks(model, 2, version=4)
+    engine = _engine(ranks)
+    params = SamplingParams(max_new_tokens=5, seed=9)
+    bodies = engine.lookahead_bodies(prompt_ids, params)
+    engine.hold([ranks._generate(rank, body) for rank, body in enumerate(bodies)])
+
+    # Act
+    held = asyncio.run(engine.generate(prompt_ids, params))
+    fresh = asyncio.run(engine.generate(prompt_ids, params))  # the held result is used once
+
+    # Assert: the same samples as a plain generate, the first without any command
+    assert [command for command, _ in ranks.calls] == ["generate"]
+    assert engine.lookahead_hits == 1
+    for name in ("completion_ids_B_C", "completion_mask_B_C", "logprobs_B_C", "versions_B_C"):
+        torch.testing.assert_close(getattr(held, name), getattr(fresh, name), rtol=0, atol=0)
+    assert engine.version == 4
+
+
+@pytest.mark.parametrize("change", ["prompts", "seed", "params", "discarded", "failed"])
+def test_generate_after_hold_of_another_request_or_a_discard_sends_a_rank_command(
+    model: torch.nn.Module, prompt_ids: list[list[int]], change: str
+) -> None:
+    # Arrange
+    ranks = FakeRanks(model, 2)
+    engine = _engine(ranks)
+    params = SamplingParams(max_new_tokens=5, seed=9)
+    bodies = engine.lookahead_bodies(prompt_ids, params)
+    results = [ranks._generate(rank, body) for rank, body in enumerate(bodies)]
+    engine.hold(None if change == "failed" else results)
+    if change == "discarded":
+        engine.discard_lookahead()
+    asked_prompts = prompt_ids[1:] if change == "prompts" else prompt_ids
+    asked = {
+        "seed": SamplingParams(max_new_tokens=5, seed=10),
+        "params": SamplingParams(max_new_tokens=4, seed=9),
+    }.get(change, params)
+
+    # Act
+    asyncio.run(engine.generate(asked_prompts, asked))
+
+    # Assert
+    assert [command for command, _ in ranks.calls] == ["generate"]
+    assert engine.lookahead_hits == 0
+
+
+def test_lookahead_bodies_with_bad_input_raise_like_generate(model: torch.nn.Module) -> None:
+    engine = _engine(FakeRanks(model, 2))
+
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        engine.lookahead_bodies([[3, 4], []], SamplingParams(max_new_tokens=5))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.lookahead_bodies([[3, 4]], SamplingParams(max_new_tokens=0))

@@ -7,6 +7,7 @@ import dataclasses
 from typing import Any
 
 import pytest
+import torch
 
 from rlsdk import Session, SessionConfig
 from rlsdk.rewards import reverse_reward
@@ -57,3 +58,56 @@ def test_session_colocated_steps_generate_on_the_ranks_with_the_trained_version_
         assert (versions[mask] == version).all() and (versions[~mask] == -1).all()
     assert out["rows"] == config.data.prompts_per_step * config.rollout.group_size
     assert (out["sync_commands"], out["sync2_commands"], out["info2"].version) == (0, 1, 2)
+
+
+def test_session_colocated_lookahead_samples_the_same_batches_as_without_and_skips_the_generate_command(
+    small_config: SessionConfig,
+) -> None:
+    # Arrange: the same run with inference.lookahead on and off
+    def run(lookahead: bool) -> dict[str, Any]:
+        inference = dataclasses.replace(small_config.inference, engine="colocated", lookahead=lookahead)
+        observe = dataclasses.replace(small_config.observe, output_dir=f"{small_config.observe.output_dir}-{lookahead}")
+        config = dataclasses.replace(small_config, inference=inference, observe=observe)
+
+        async def scenario() -> dict[str, Any]:
+            import json
+
+            out: dict[str, Any] = {}
+            async with await Session.start(config) as session:
+                first = await session.rollout()
+                await session.update(await session.reward(first, reverse_reward))
+                await session.sync_weights()
+                sent = session._broadcasts
+                second = await session.rollout()  # with look-ahead: sampled inside the update command
+                out["rollout_commands"] = session._broadcasts - sent
+                await session.update(await session.reward(second, reverse_reward))
+                checkpoint = await session.save_checkpoint()  # the look-ahead rows are not rolled out yet
+                out["data_state"] = json.loads((checkpoint / "data_state.json").read_text())
+                out["counters"] = json.loads((checkpoint / "session.json").read_text())
+                explicit = await session.rollout(["12>", "345>"])  # takes the next seed: the held batch is void
+                third = await session.rollout()
+                await session.update(await session.reward(third, reverse_reward))
+                out["next_rows"] = session.next_prompts()  # the rows the look-ahead drew
+                out["batches"] = [
+                    (r.completion_ids_B_C, r.logprobs_B_C, r.versions_B_C, [row["prompt"] for row in r.rows])
+                    for r in (first, second, explicit, third)
+                ]
+                out["hits"] = session._engine().lookahead_hits  # type: ignore[attr-defined]
+            return out
+
+        return asyncio.run(scenario())
+
+    # Act
+    on, off = run(True), run(False)
+
+    # Assert
+    assert (on["rollout_commands"], off["rollout_commands"]) == (0, 1)
+    assert (on["hits"], off["hits"]) == (1, 0)
+    for (ids, logprobs, versions, prompts), (ids_off, logprobs_off, versions_off, prompts_off) in zip(
+        on["batches"], off["batches"]
+    ):
+        assert prompts == prompts_off
+        assert torch.equal(ids, ids_off) and torch.equal(versions, versions_off)
+        torch.testing.assert_close(logprobs, logprobs_off, rtol=0, atol=0)
+    assert on["data_state"] == off["data_state"] and on["counters"] == off["counters"]
+    assert on["next_rows"] == off["next_rows"]

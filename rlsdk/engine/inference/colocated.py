@@ -8,6 +8,10 @@ and a weight sync moves nothing: it asks every rank for its version and weight c
 The trade-off: generation and training run one after the other on the same processes, so ``rollout.mode='async'``
 (generation overlapped with training) has nothing to overlap and is refused by the config; with 'fsdp2' every
 rank would have to run the same number of decode steps (its forward all-gathers), also refused.
+
+Look-ahead (``inference.lookahead``): the Session asks for the next batch inside the ``update`` command
+(:meth:`ColocatedEngine.lookahead_bodies`, then :meth:`ColocatedEngine.hold` with the ranks' results), so the
+next ``generate`` of exactly those prompts and params is answered without a round trip to the ranks.
 """
 
 from __future__ import annotations
@@ -85,6 +89,10 @@ class ColocatedEngine:
         self._version = version
         self._checksum = checksum
         self._closed = False
+        # look-ahead (see lookahead_bodies / hold): (prompts, params) planned, and then (prompts, params, results)
+        self._planned: tuple[list[list[int]], SamplingParams] | None = None
+        self._held: tuple[list[list[int]], SamplingParams, list[dict[str, Any]]] | None = None
+        self.lookahead_hits = 0  # generate calls answered from a look-ahead result
 
     @property
     def version(self) -> int:
@@ -99,14 +107,45 @@ class ColocatedEngine:
         """Sample one completion per prompt on the ranks; right-padded to the longest completion ``C``.
 
         With ``params.seed`` each rank seeds its share with a hash of ``(seed, rank)``: the call is reproducible
-        for the same prompts, weights, ``num_ranks`` and ``max_batch_size``.
+        for the same prompts, weights, ``num_ranks`` and ``max_batch_size``. Returns the look-ahead result kept
+        by :meth:`hold` without a rank command when it was sampled for exactly these prompts and params.
 
         Raises:
             ValueError: empty prompt list or prompt, or invalid sampling parameters.
             RuntimeError: the ranks report different weight versions, or the engine is closed.
         """
-        from rlsdk.engine.inference.vllm import request_seed
+        prompts = self._check_request(prompt_ids, params)
+        held, self._held = self._held, None
+        if held is not None and held[0] == prompts and held[1] == params:
+            self.lookahead_hits += 1
+            return self._assemble(held[2])
+        return self._assemble(await self._broadcast("generate", self._bodies(prompts, params)))
 
+    def lookahead_bodies(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> list[dict[str, Any]]:
+        """The per-rank ``generate`` bodies of ``generate(prompt_ids, params)`` for a rank command that samples
+        after its own work (the Session's look-ahead: ``update`` with ``then_generate``). Drops any result kept
+        before; pass the ranks' results to :meth:`hold`.
+
+        Raises:
+            ValueError: as :meth:`generate`.
+        """
+        prompts = self._check_request(prompt_ids, params)
+        self._held = None
+        self._planned = (prompts, params)
+        return self._bodies(prompts, params)
+
+    def hold(self, results: Sequence[dict[str, Any]] | None) -> None:
+        """Keep the ranks' results (index = rank) for the bodies of the last :meth:`lookahead_bodies`: the next
+        :meth:`generate` of the same prompts and params returns them. ``None`` drops them (a rank's look-ahead
+        failed)."""
+        planned, self._planned = self._planned, None
+        self._held = None if results is None or planned is None else (planned[0], planned[1], list(results))
+
+    def discard_lookahead(self) -> None:
+        """Forget a planned or kept look-ahead result (the ranks' weights are about to change)."""
+        self._planned = self._held = None
+
+    def _check_request(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> list[list[int]]:
         self._check_open()
         prompts = [list(map(int, ids)) for ids in prompt_ids]
         if not prompts:
@@ -115,11 +154,16 @@ class ColocatedEngine:
         if empty:
             raise ValueError(f"prompt {empty[0]} is empty: every prompt needs at least one token")
         _validate_params(params.max_new_tokens, params.temperature, params.top_k, params.top_p)
+        return prompts
+
+    def _bodies(self, prompts: list[list[int]], params: SamplingParams) -> list[dict[str, Any]]:
+        from rlsdk.engine.inference.vllm import request_seed
+
         fields = dataclasses.asdict(params)
         fields.pop("seed")
         n, world = len(prompts), self._num_ranks
         bounds = [n * rank // world for rank in range(world + 1)]
-        bodies = [
+        return [
             {
                 **pack_prompts(prompts[bounds[rank] : bounds[rank + 1]]),
                 "params": fields,
@@ -130,7 +174,8 @@ class ColocatedEngine:
             }
             for rank in range(world)
         ]
-        results = await self._broadcast("generate", bodies)
+
+    def _assemble(self, results: Sequence[dict[str, Any]]) -> GenerateResult:
         versions = {int(r["version"]) for r in results}
         if len(versions) != 1:
             raise RuntimeError(f"ranks generated with different weight versions: {sorted(versions)}")
