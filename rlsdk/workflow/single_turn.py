@@ -31,6 +31,11 @@ class SingleTurnWorkflow:
     def __init__(self, tokenizer: Any, params: SamplingParams) -> None:
         self.tokenizer = tokenizer
         self.params = params
+        # the last request() answer and its key (prompts, group size, params): the Session's look-ahead asks for
+        # the next batch, then arun_batch asks again for the same rows; tokenised once
+        self._last_request: tuple[tuple[Any, ...], tuple[list[list[int]], list[list[int]], SamplingParams]] | None = (
+            None
+        )
 
     def request(
         self, rows: Sequence[dict[str, Any]], group_size: int, *, seed: int | None = None
@@ -38,10 +43,15 @@ class SingleTurnWorkflow:
         """What :meth:`arun_batch` asks the engine for: ``(prompt_ids, repeated, params)``, the prompts' token ids,
         each repeated ``group_size`` times (the ``generate`` prompts), and the sampling params with ``seed``.
         The Session's colocated look-ahead samples the next batch from this before ``arun_batch`` runs."""
+        prompts = [row["prompt"] for row in rows]
+        key = (self.tokenizer, tuple(prompts), group_size, seed, self.params)
+        if self._last_request is not None and self._last_request[0] == key:
+            return self._last_request[1]
         # one batched tokenizer call: the same ids as one call per prompt, without the per-call overhead
-        prompt_ids = [list(ids) for ids in self.tokenizer([row["prompt"] for row in rows])["input_ids"]] if rows else []
+        prompt_ids = [list(ids) for ids in self.tokenizer(prompts)["input_ids"]] if rows else []
         repeated = [ids for ids in prompt_ids for _ in range(group_size)]
         params = self.params if seed is None else dataclasses.replace(self.params, seed=seed)
+        self._last_request = (key, (prompt_ids, repeated, params))
         return prompt_ids, repeated, params
 
     async def arun_batch(

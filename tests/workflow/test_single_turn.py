@@ -126,3 +126,31 @@ def test_arun_batch_prompt_ids_and_completions_match_per_prompt_calls(policy_dir
     assert engine.prompts == [ids for ids in per_prompt for _ in range(2)]
     masked = torch.where(rollout.completion_mask_B_C, rollout.completion_ids_B_C, tokenizer.pad_token_id)
     assert rollout.completions == tokenizer.batch_decode(masked.tolist(), skip_special_tokens=True)
+
+
+def test_request_for_the_same_prompts_and_seed_tokenises_once_and_another_request_again() -> None:
+    # Arrange: a tokenizer that counts its batched calls
+    tokenizer = build_tokenizer()
+    calls: list[list[str]] = []
+
+    class Counting:
+        pad_token_id = tokenizer.pad_token_id
+
+        def __call__(self, texts: list[str]) -> Any:
+            calls.append(list(texts))
+            return tokenizer(texts)
+
+    workflow = SingleTurnWorkflow(Counting(), SamplingParams(max_new_tokens=4))
+    rows = [{"prompt": "12>"}, {"prompt": "345>"}]
+
+    # Act
+    first = workflow.request(rows, 3, seed=7)
+    again = workflow.request([dict(row) for row in rows], 3, seed=7)
+    other_seed = workflow.request(rows, 3, seed=8)
+    other_rows = workflow.request([{"prompt": "9>"}], 3, seed=8)
+
+    # Assert
+    assert len(calls) == 3 and calls[-1] == ["9>"]
+    assert again == first and first[2].seed == 7 and other_seed[2].seed == 8
+    assert first[1] == [ids for ids in first[0] for _ in range(3)]
+    assert other_rows[0] == [tokenizer("9>")["input_ids"]]
