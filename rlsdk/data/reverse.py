@@ -181,6 +181,9 @@ def reverse_digits_dataset(
     return datasets.Dataset.from_dict({"prompt": prompts, "answer": answers})
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
 class PromptSampler:
     """Endless batches of ``prompts_per_step`` rows from a data set, reshuffled every epoch.
 
@@ -195,6 +198,9 @@ class PromptSampler:
         ValueError: ``prompts_per_step < 1`` or an empty data set.
     """
 
+    CACHE_MAX_ROWS = 50_000
+    """Data sets up to this many rows are held as Python lists (see ``__init__``)."""
+
     def __init__(self, dataset: datasets.Dataset, prompts_per_step: int, *, seed: int = 0) -> None:
         if prompts_per_step < 1:
             raise ValueError(f"prompts_per_step={prompts_per_step!r} is invalid: allowed >= 1")
@@ -206,6 +212,14 @@ class PromptSampler:
         self.epoch = 0
         self.position = 0
         self._order: list[int] | None = None
+        # A small data set of plain scalars (str, int, float, bool, None) is read once into Python lists: a batch is
+        # then a list lookup instead of an Arrow gather (~0.3 ms for 16 rows of the default task), with the same
+        # values; nested values (lists, dicts) would be shared with the caller, so those data sets are not cached.
+        self._columns: dict[str, list[Any]] | None = None
+        if len(dataset) <= self.CACHE_MAX_ROWS:
+            columns = dataset[:]
+            if all(isinstance(v, _SCALARS) for values in columns.values() for v in values):
+                self._columns = columns
 
     def _epoch_order(self) -> list[int]:
         if self._order is None:
@@ -227,6 +241,8 @@ class PromptSampler:
                 self.epoch += 1
                 self.position = 0
                 self._order = None
+        if self._columns is not None:
+            return {name: [values[i] for i in indices] for name, values in self._columns.items()}
         return self.dataset[indices]
 
     def __iter__(self) -> Iterator[dict[str, list[Any]]]:

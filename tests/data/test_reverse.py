@@ -144,3 +144,32 @@ def test_pretrained_tokenizer_fast_after_save_pretrained_keeps_char_level_pipeli
     assert loaded("1 a>", add_special_tokens=False)["input_ids"] == [5, 3, 3, 14]  # unknown chars -> <unk>
     assert loaded.decode(loaded("0123456789>|")["input_ids"]) == "0123456789>|"
     assert loaded.padding_side == "left"
+
+
+def test_prompt_sampler_column_cache_gives_the_same_batches_as_arrow_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Arrange: one sampler with the column cache (the default for 10 rows), one reading the Arrow table
+    dataset = reverse_digits_dataset(10, seed=3)
+    cached = PromptSampler(dataset, 4, seed=1)
+    monkeypatch.setattr(PromptSampler, "CACHE_MAX_ROWS", 0)
+    uncached = PromptSampler(dataset, 4, seed=1)
+
+    # Act: 5 batches of 4 over 10 rows cross two epoch boundaries
+    batches = [(cached.next_batch(), uncached.next_batch()) for _ in range(5)]
+
+    # Assert
+    assert cached._columns is not None and uncached._columns is None
+    assert all(a == b for a, b in batches)
+    assert cached.state_dict() == uncached.state_dict()
+
+
+def test_prompt_sampler_with_nested_values_reads_from_the_table_each_batch() -> None:
+    import datasets
+
+    dataset = datasets.Dataset.from_dict({"prompt": ["a", "b"], "messages": [[{"role": "user"}], [{"role": "x"}]]})
+
+    sampler = PromptSampler(dataset, 2, seed=0)
+    first = sampler.next_batch()
+    first["messages"][0][0]["role"] = "changed"
+
+    assert sampler._columns is None
+    assert all(m[0]["role"] != "changed" for m in sampler.next_batch()["messages"])
