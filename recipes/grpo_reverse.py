@@ -15,8 +15,9 @@ The loop is rollout -> reward -> update -> sync, one optimizer step per rollout 
   hundreds more steps and the vLLM variant (2 heads of 32) missed 0.9 in 600 steps on seeds 0 and 1; with it the
   default model reached 0.9 in 378/383/498/457/565 steps and the vLLM variant in 417/420/470/353 steps (seed 4
   missed: 0.70 after 1000). The bonus keeps the policy sampling EOS long enough to discover stopping. This
-  recipe, seed 0: 259 steps with the embedded engine (10.4 s of steps in benchmarks/trl_compare.py's run), 322
-  with ``--inference.engine colocated`` (10.7 s; 241/249 on seeds 1/2), 322 with ``--inference.engine vllm``;
+  recipe, seed 0: 255 steps with the embedded engine (9.4 s of steps in benchmarks/trl_compare.py's run), 355
+  with ``--inference.engine colocated`` (10.7 s; 231/232 steps, 6.7/7.0 s on seeds 1/2), 322 with
+  ``--inference.engine vllm``;
 - one policy update per batch, so the PPO ratio is ~1 and clipping only guards against engine/trainer drift;
 - training stops early once the moving mean reward reaches ``train.target_reward``.
 """
