@@ -18,9 +18,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-import shutil
 import signal
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -29,6 +27,7 @@ from typing import Any
 
 from rlsdk.config import ConfigError, SessionConfig, config_to_dict
 from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams, WeightInfo
+from rlsdk.engine.publish_dir import PublishDir
 from rlsdk.observe.logging import ROOT_LOGGER, RankLogRouter, get_logger, set_log_context
 from rlsdk.observe.metrics import MetricsWriter
 from rlsdk.observe.status import last_batch_staleness, rank_alive
@@ -185,6 +184,7 @@ class Session:
         # inference.lookahead: (the next batch's rows, the data position before them), drawn by update() for the
         # ranks to sample right after it; the next default rollout() or next_prompts() takes these rows.
         self._lookahead: tuple[list[dict[str, Any]], dict[str, Any]] | None = None
+        self._publish: PublishDir | None = None
         self._publish_dir: str | None = None
         self._engine_watch: asyncio.Task[None] | None = None
         # Restores the event-loop thread's torch intra-op thread count (lowered to 1 while the Session runs).
@@ -445,9 +445,9 @@ class Session:
             dataset = await asyncio.to_thread(build_prompt_dataset, cfg.data, seed=cfg.seed, tokenizer=self.tokenizer)
         self.prompt_sampler = PromptSampler(dataset, cfg.data.prompts_per_step, seed=cfg.seed)
         self.metrics = MetricsWriter(self.output_dir / "tensorboard", tensorboard=cfg.observe.tensorboard)
-        self._publish_dir = tempfile.mkdtemp(
-            prefix="rlsdk-weights-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
-        )
+        # Swept by the next Session if this process is killed before close() removes it (see publish_dir).
+        self._publish = PublishDir()
+        self._publish_dir = self._publish.path
 
     async def _build_engine(self) -> InferenceEngine:
         """The configured engine: embedded (in this process) or vLLM (a supervised server, or attached by URL)."""
@@ -740,8 +740,8 @@ class Session:
             self._restore_threads = None
         if self.metrics is not None:
             self.metrics.close()
-        if self._publish_dir is not None:
-            shutil.rmtree(self._publish_dir, ignore_errors=True)
+        if self._publish is not None:
+            self._publish.remove()
         logger.info("session closed")
         if self._log_handler is not None:
             logging.getLogger(ROOT_LOGGER).removeHandler(self._log_handler)

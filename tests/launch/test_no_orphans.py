@@ -36,7 +36,8 @@ CONTROLLER = textwrap.dedent(
         await session.sync_weights()
         await session.save_checkpoint()
         pids = [info["pid"] for info in session.rank_info.values()]
-        print(json.dumps({"ranks": pids, "launcher": session._launcher.proc.pid}), flush=True)
+        print(json.dumps({"ranks": pids, "launcher": session._launcher.proc.pid, "publish_dir": session._publish_dir}),
+              flush=True)
         await asyncio.sleep(600)
 
     asyncio.run(main())
@@ -66,6 +67,8 @@ def test_sigkill_of_controller_leaves_no_rank_alive_after_10_seconds_and_a_new_s
         pids = json.loads(line)
         children = pids["ranks"] + [pids["launcher"]]
         assert all(_alive(pid) for pid in children)
+        publish_dir = Path(pids["publish_dir"])
+        assert (publish_dir / "v1.safetensors").is_file()
 
         killed = time.monotonic()
         os.kill(controller.pid, signal.SIGKILL)
@@ -88,8 +91,10 @@ def test_sigkill_of_controller_leaves_no_rank_alive_after_10_seconds_and_a_new_s
 
     resumed = dataclasses.replace(small_config, train=dataclasses.replace(small_config.train, resume_from="latest"))
 
+    assert publish_dir.is_dir()  # the killed controller could not remove its published weights
+
     async def restart() -> tuple[str, int, int]:
-        async with await Session.start(resumed) as session:
+        async with await Session.start(resumed) as session:  # sweeps the dead session's weights directory
             start_version = session.versions.trainer_version
             await session.update(await session.reward(await session.rollout(), reverse_reward))
             return session.resumed_from.name, start_version, session.versions.trainer_version
@@ -97,3 +102,4 @@ def test_sigkill_of_controller_leaves_no_rank_alive_after_10_seconds_and_a_new_s
     name, start_version, version = asyncio.run(restart())
 
     assert (name, start_version, version) == ("step_1", 1, 2)
+    assert not publish_dir.exists()

@@ -52,6 +52,8 @@ def test_session_step_on_real_ranks_publishes_and_syncs_versions_then_closes_cle
             except StaleRolloutError as exc:
                 out["stale"] = str(exc)
             out["checkpoint"] = await session.save_checkpoint()
+            out["publish_dir"] = Path(session._publish_dir or "")
+            out["published"] = sorted(p.name for p in out["publish_dir"].iterdir())
         finally:
             await session.close()
         return out
@@ -63,6 +65,7 @@ def test_session_step_on_real_ranks_publishes_and_syncs_versions_then_closes_cle
     assert "reward" in out["unrewarded_update"]
     assert out["after_update"] == (1, 0)
     assert out["synced"] == (1, True)
+    assert "v1.safetensors" in out["published"] and not out["publish_dir"].exists()  # removed by close()
     assert out["noop"] == [{"rank": 0}, {"rank": 1}]
     assert "v1" in out["stale"] and "v0" in out["stale"]
     stats = out["stats"]
