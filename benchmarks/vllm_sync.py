@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import shutil
 import statistics
 import sys
@@ -39,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import print_table, summarize, write_json
 
 from rlsdk.data import build_tiny_policy
+from rlsdk.engine.publish_dir import PublishDir
 
 BIG = {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "intermediate_size": 3072}
 
@@ -217,9 +217,8 @@ async def main() -> None:
     args = parser.parse_args()
     reps = 3 if args.quick else 10
     root = Path(tempfile.mkdtemp(prefix="rlsdk-bench-vllm-"))
-    publish_dir = Path(
-        tempfile.mkdtemp(prefix="rlsdk-bench-weights-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-    )
+    publish = PublishDir()  # removed below; swept by the next run or Session if this process is killed
+    publish_dir = Path(publish.path)
     try:
         memcpy = memcpy_bandwidth()
         print(f"memcpy bandwidth: {memcpy / 1e9:.2f} GB/s")
@@ -283,7 +282,7 @@ async def main() -> None:
         )
         write_json(args.json, results)
     finally:
-        shutil.rmtree(publish_dir, ignore_errors=True)
+        publish.remove()
         shutil.rmtree(root, ignore_errors=True)
 
 
