@@ -16,7 +16,7 @@ The loop is rollout -> reward -> update -> sync, one optimizer step per rollout 
   default model reached 0.9 in 378/383/498/457/565 steps and the vLLM variant in 417/420/470/353 steps (seed 4
   missed: 0.70 after 1000). The bonus keeps the policy sampling EOS long enough to discover stopping. This
   recipe, seed 0: 255 steps with the embedded engine (9.4 s of steps in benchmarks/trl_compare.py's run), 355
-  with ``--inference.engine colocated`` (10.7 s; 231/232 steps, 6.7/7.0 s on seeds 1/2), 322 with
+  with ``--inference.engine colocated`` (10.7 s; 231/232 steps, 6.7/7.0 s on seeds 1/2), 238 with
   ``--inference.engine vllm``;
 - one policy update per batch, so the PPO ratio is ~1 and clipping only guards against engine/trainer drift;
 - training stops early once the moving mean reward reaches ``train.target_reward``.
