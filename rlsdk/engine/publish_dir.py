@@ -27,8 +27,8 @@ LOCK_NAME = ".owner.lock"
 
 
 def default_root() -> str:
-    """``/dev/shm`` when the machine has it (weights in RAM, shared with a local inference server), else the temp
-    directory."""
+    """Where rlsdk puts memory shared between its processes (published weights, the ranks' all-reduce segment):
+    ``/dev/shm`` when the machine has it, else the temp directory."""
     return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 

@@ -30,7 +30,6 @@ import mmap
 import os
 import platform
 import socket
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from typing import Any
 
 import torch
 
+from rlsdk.engine.publish_dir import default_root
 from rlsdk.observe.logging import get_logger
 
 logger = get_logger(__name__)
@@ -82,10 +82,6 @@ def host_identity() -> str:
     with contextlib.suppress(OSError):
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     return f"{socket.gethostname()}/{boot}"
-
-
-def _segment_dir() -> str:
-    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
 class SharedMemoryAllreduce:
@@ -143,7 +139,7 @@ class SharedMemoryAllreduce:
                 reason = f"{machine} is not x86-64 (its memory model needs fences this code does not issue)"
             else:
                 reason = ""
-                path = os.path.join(_segment_dir(), f"rlsdk-allreduce-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+                path = os.path.join(default_root(), f"rlsdk-allreduce-{os.getpid()}-{uuid.uuid4().hex[:12]}")
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
                 try:
                     os.ftruncate(fd, size * _HEADER_PER_RANK + 2 * size * slot_bytes)
