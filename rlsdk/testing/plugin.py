@@ -5,8 +5,8 @@ Enabled by installing rlsdk (entry point ``pytest11``: ``rlsdk.testing.plugin``)
 root ``conftest.py``. Disable it with ``-p no:rlsdk.testing.plugin``.
 
 Markers (registered unless the project declares them itself): ``slow``, ``distributed``, ``notebook``,
-``vllm``, ``gpu``, ``multinode``. A ``gpu`` test is skipped, with that reason, when torch sees no CUDA device;
-a test using ``gloo_group`` is marked ``distributed``.
+``vllm``, ``gpu``, ``multinode``, ``security``. A ``gpu`` test is skipped, with that reason, when torch sees no
+CUDA device; a test using ``gloo_group`` is marked ``distributed``.
 
 Report: the run ends with a "skipped suites" section, ready to paste into a pull request: every skip grouped by
 reason with its files, tests deselected by ``-m``, and the markers of which no test ran.
@@ -40,6 +40,7 @@ MARKERS = {
     "vllm": "needs the vllm extra and a real vLLM server",
     "gpu": "needs a CUDA device",
     "multinode": "needs more than one machine",
+    "security": "an attack on the threat model of docs/security.md, run against real sockets, files and servers",
 }
 REPORT_TITLE = "skipped suites (paste into the PR)"
 _SELECTED = pytest.StashKey[dict[str, set[str]]]()

@@ -26,7 +26,7 @@ def test_skipped_suites_report_groups_skips_by_reason_with_files() -> None:
     assert lines[1] == "- gpu: no CUDA device on this machine (2): tests/a.py (2)"
     assert lines[2] == "- needs vllm (1): tests/b.py (1)"
     assert lines[3] == "Deselected by -m 'not slow': 2 test(s) not run."
-    assert lines[4] == "Markers with no test run: slow, notebook, vllm, gpu, multinode."
+    assert lines[4] == "Markers with no test run: slow, notebook, vllm, gpu, multinode, security."
 
 
 def test_skipped_suites_report_without_skips_says_none() -> None:
