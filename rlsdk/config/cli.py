@@ -11,16 +11,24 @@ Errors:
 - ``--config`` without a path, or a bad ``--config`` file: the same exceptions as ``load_config``
   (FileNotFoundError; ConfigError naming the dotted key, its message also naming the file), raised before
   tyro runs, so the caller decides how to report a bad file.
+
+Booleans: tyro's own form is a flag pair, ``--inference.lookahead`` / ``--inference.no-lookahead``. The forms
+users type from habit (``--inference.lookahead false``, ``--inference.lookahead=False``, ``yes``/``no``,
+``on``/``off``, ``1``/``0``) are accepted too and mean the same; any other value after a boolean flag is left
+for tyro, which reports it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from collections.abc import Sequence
 
 from rlsdk.config.deprecations import upgrade_cli_args
 from rlsdk.config.errors import ConfigError
 from rlsdk.config.io import merge_overrides, read_yaml_mapping
 from rlsdk.config.session import SessionConfig
+from rlsdk.config.validate import field_types
 
 _CONFIG_FLAG = "--config"
 _CONFIG_HELP = f"{_CONFIG_FLAG} PATH.yaml (repeatable) applies a YAML config on top of the defaults, before the flags."
@@ -42,6 +50,7 @@ def parse_cli(
 
     config_paths, rest = _split_config_args(args)
     rest = upgrade_cli_args(type(default), rest)  # deprecated flags still work, with a warning
+    rest = _bool_values_to_flags(type(default), rest)
     for path in config_paths:
         try:
             default = merge_overrides(default, read_yaml_mapping(path))
@@ -74,3 +83,47 @@ def _split_config_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
             rest.append(arg)
         i += 1
     return paths, rest
+
+
+_TRUE = frozenset({"true", "yes", "on", "1"})
+_FALSE = frozenset({"false", "no", "off", "0"})
+
+
+def bool_flags(root: type, prefix: str = "") -> set[str]:
+    """The command-line names (``section.field-name``) of every ``bool`` field of config dataclass ``root``."""
+    out: set[str] = set()
+    for name, tp in field_types(root):
+        path = f"{prefix}{name.replace('_', '-')}"
+        if dataclasses.is_dataclass(tp):
+            out |= bool_flags(typing.cast(type, tp), prefix=f"{path}.")
+        elif tp is bool:
+            out.add(path)
+    return out
+
+
+def _bool_values_to_flags(root: type, args: Sequence[str]) -> list[str]:
+    """``args`` with ``--x.flag false`` / ``--x.flag=true`` (any spelling in _TRUE/_FALSE) turned into tyro's
+    ``--x.flag`` / ``--x.no-flag``."""
+    flags = bool_flags(root)
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            out.extend(args[i:])
+            break
+        name, eq, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
+        name = name.replace("_", "-")
+        if name in flags:
+            if not eq and i + 1 < len(args) and args[i + 1].lower() in _TRUE | _FALSE:
+                value, eq = args[i + 1], "="
+                i += 1
+            if eq and value.lower() in _TRUE | _FALSE:
+                section, _, leaf = name.rpartition(".")
+                negated = f"no-{leaf}" if value.lower() in _FALSE else leaf
+                out.append(f"--{section}.{negated}" if section else f"--{negated}")
+                i += 1
+                continue
+        out.append(arg)
+        i += 1
+    return out

@@ -26,7 +26,7 @@ from rlsdk.config.errors import ConfigError
 def check_types(cfg: Any) -> None:
     """Check every field of the dataclass instance ``cfg`` against its annotation; raises ConfigError."""
     cls = type(cfg)
-    for name, tp in _field_types(cls):
+    for name, tp in field_types(cls):
         value = getattr(cfg, name)
         checked = _check(value, tp, f"{cls.__name__}.{name}")
         if checked is not value:
@@ -34,7 +34,7 @@ def check_types(cfg: Any) -> None:
 
 
 @functools.cache
-def _field_types(cls: type) -> tuple[tuple[str, Any], ...]:
+def field_types(cls: type) -> tuple[tuple[str, Any], ...]:
     """``(name, resolved annotation)`` per dataclass field of ``cls``, resolved once per class.
 
     ``typing.get_type_hints`` evaluates every string annotation and walks the MRO; it dominated building a config.

@@ -53,6 +53,40 @@ def test_parse_cli_bool_and_optional_flags_parse(default: SessionConfig) -> None
     assert cfg.train.max_grad_norm is None
 
 
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--inference.lookahead", "false"], False),
+        (["--inference.lookahead", "False"], False),
+        (["--inference.lookahead=no"], False),
+        (["--inference.lookahead", "off"], False),
+        (["--inference.lookahead", "0"], False),
+        (["--inference.no-lookahead"], False),
+        (["--inference.lookahead", "true"], True),
+        (["--inference.lookahead=YES"], True),
+        (["--inference.lookahead"], True),
+    ],
+)
+def test_parse_cli_bool_flag_with_a_value_means_the_same_as_the_flag_pair(
+    default: SessionConfig, args: list[str], expected: bool
+) -> None:
+    default = parse_cli(default, ["--inference.no-lookahead"] if expected else [])
+
+    cfg = parse_cli(default, [*args, "--seed", "4"])
+
+    assert cfg.inference.lookahead is expected
+    assert cfg.seed == 4
+
+
+def test_parse_cli_bool_flag_with_a_non_bool_value_exits_naming_the_value(
+    default: SessionConfig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        parse_cli(default, ["--inference.lookahead", "maybe"])
+
+    assert "maybe" in _stderr_text(capsys)
+
+
 def test_parse_cli_no_args_returns_equal_default(default: SessionConfig) -> None:
     assert parse_cli(default, []) == default
 
