@@ -146,6 +146,10 @@ def load_resume_state(config: SessionConfig) -> tuple[Path, dict[str, Any]] | No
 async def _check_before_start(config: SessionConfig) -> tuple[tuple[Path, dict[str, Any]] | None, Any, Any]:
     """Everything :meth:`Session.start` checks before a process starts: model path, checkpoint, data set."""
     check_model_dir(config.model.path)
+    if config.inference.engine == "vllm":
+        from rlsdk.engine.inference.vllm import check_before_start
+
+        await asyncio.to_thread(check_before_start, config)
     resume = await asyncio.to_thread(load_resume_state, config)
     dataset, tokenizer = await asyncio.to_thread(check_data, config)
     if tokenizer is None:

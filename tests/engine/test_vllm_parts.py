@@ -88,6 +88,34 @@ def test_cpu_head_size_check_rejects_the_default_tiny_policy_and_names_the_fix(t
         check_cpu_head_size(tiny_model_dir)
 
 
+def test_session_start_with_vllm_and_an_unsupported_head_size_raises_config_error_before_any_process(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+    import os
+
+    import psutil
+
+    import rlsdk.engine.inference.vllm as vllm_engine
+    from rlsdk.config import ModelConfig, ObserveConfig
+    from rlsdk.session import Session
+
+    monkeypatch.setattr(vllm_engine, "_cuda_available", lambda: False)  # the check is the CPU server's
+    config = SessionConfig(
+        model=ModelConfig(path=str(tiny_model_dir)),
+        inference=InferenceConfig(engine="vllm"),
+        observe=ObserveConfig(output_dir=str(tmp_path / "out")),
+    )
+    children_before = {p.pid for p in psutil.Process(os.getpid()).children(recursive=True)}
+
+    with pytest.raises(ConfigError) as info:
+        asyncio.run(Session.start(config))
+
+    assert info.value.field == "model.path"
+    assert "head_dim=16" in str(info.value) and "num_heads=2" in str(info.value)
+    assert {p.pid for p in psutil.Process(os.getpid()).children(recursive=True)} <= children_before
+
+
 def test_session_config_with_vllm_and_bf16_model_raises_config_error_naming_model_dtype() -> None:
     from rlsdk.config import ModelConfig
 

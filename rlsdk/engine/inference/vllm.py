@@ -81,6 +81,32 @@ def check_cpu_head_size(path: str | Path) -> None:
         )
 
 
+def check_before_start(config: Any) -> None:
+    """What :meth:`VLLMEngine.start` would refuse, checked before any process of a Session starts.
+
+    Only for a server the Session starts on this machine (no ``inference.url``, scheduler 'local') without a CUDA
+    device, where vLLM's CPU attention serves: a head size it does not support fails the server ~30 s after the
+    train ranks started.
+
+    Raises:
+        ConfigError: naming ``model.path`` (its head size, the sizes allowed and how to build a model that fits).
+    """
+    from rlsdk.config import ConfigError
+
+    if config.inference.url is not None or config.launch.scheduler != "local" or _cuda_available():
+        return
+    try:
+        check_cpu_head_size(config.model.path)
+    except ValueError as exc:
+        raise ConfigError("model.path", config.model.path, f"a model vLLM's CPU attention can serve: {exc}") from None
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _parse_version(value: Any) -> int:
     try:
         return int(value)
