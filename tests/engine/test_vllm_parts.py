@@ -201,3 +201,40 @@ def test_request_seeds_of_consecutive_rollouts_do_not_share_sample_streams() -> 
     assert len(set().union(*streams)) == group * groups * rollouts  # and across rollouts
     assert all(0 <= request_seed(s, r) < 2**63 for s in (0, 2**62, -5) for r in (0, 1, 255))
     assert request_seed(7, 16) == request_seed(7, 16)
+
+
+def test_shm_leftovers_of_a_killed_process_tree_are_removed_and_unrelated_files_kept(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from rlsdk.engine.inference.vllm_server import ShmLeftovers
+
+    used, held, unrelated = tmp_path / "psm_used", tmp_path / "psm_held", tmp_path / "psm_other"
+    unrelated.write_bytes(b"x" * 4096)
+    # A child maps one file (as vLLM's engine core maps its queues) and its grandchild holds another open.
+    grandchild = f"import time\nf = open({str(held)!r}, 'wb')\ntime.sleep(60)\n"
+    script = tmp_path / "child.py"
+    script.write_text(
+        "import mmap, subprocess, sys, time\n"
+        f"f = open({str(used)!r}, 'w+b')\nf.write(b'0' * 4096)\nf.flush()\n"
+        "m = mmap.mmap(f.fileno(), 4096)\n"
+        f"subprocess.Popen([sys.executable, '-c', {grandchild!r}])\n"
+        "print('ready', flush=True)\ntime.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+    leftovers = ShmLeftovers(root=str(tmp_path))
+    deadline = time.monotonic() + 10
+    while len(leftovers.paths) < 2 and time.monotonic() < deadline:
+        leftovers.record(proc.pid)
+        time.sleep(0.05)
+
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    removed = leftovers.remove()
+
+    assert sorted(removed) == sorted([str(used), str(held)])
+    assert not used.exists() and unrelated.exists()

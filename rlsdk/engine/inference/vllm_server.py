@@ -6,6 +6,11 @@ SIGKILL) and :meth:`VLLMServer.stop` takes down every process it started. Its ou
 ``on_line`` callback (the Session routes it into the log stream with role ``inference``) and the last lines are
 kept for error messages.
 
+A server that is killed (SIGKILL, the OOM killer) leaves the shared-memory segments of its engine core's message
+queues (``/dev/shm/psm_*``, each as large as the queue) in RAM until reboot: nothing of the dead server can remove
+them. :class:`ShmLeftovers` records the ``/dev/shm`` files the server's processes map while they live, and removes
+them once the whole process group is gone, however it ended.
+
 Serve flags that matter on CPU (measured, see docs/vllm.md): ``--dtype float32`` (else bf16, logprobs drift
 ~0.27 from an fp32 trainer), ``--no-enable-chunked-prefill`` (else seeded batched requests crash the engine),
 ``--enforce-eager`` (start ~30-45 s instead of 40-100 s).
@@ -102,6 +107,65 @@ def server_environment(base: Mapping[str, str], kv_cache_gib: int) -> dict[str, 
     return env
 
 
+SHM_ROOT = "/dev/shm"
+
+
+class ShmLeftovers:
+    """The ``/dev/shm`` files a process tree maps or holds open, recorded while it lives and removed after it died.
+
+    Only files seen in use by the tree are ever removed, and only when they are regular files owned by this user:
+    never another program's segment, whatever its name.
+    """
+
+    def __init__(self, root: str = SHM_ROOT) -> None:
+        self.root = root
+        self.paths: set[str] = set()
+
+    def record(self, pid: int) -> None:
+        """Add what process ``pid`` and its descendants map (``/proc/PID/maps``) or hold open under the root."""
+        import psutil
+
+        try:
+            leader = psutil.Process(pid)
+            processes = [leader, *leader.children(recursive=True)]
+        except psutil.Error:
+            return
+        prefix = self.root.rstrip("/") + "/"
+        for process in processes:
+            with (
+                contextlib.suppress(OSError),
+                open(f"/proc/{process.pid}/maps", encoding="utf-8", errors="replace") as maps,
+            ):
+                for line in maps:
+                    path = line.rstrip("\n").partition(" " + prefix)[2]
+                    if path and not path.endswith(" (deleted)"):
+                        self.paths.add(prefix + path)
+            with contextlib.suppress(OSError):
+                for fd in os.listdir(f"/proc/{process.pid}/fd"):
+                    with contextlib.suppress(OSError):
+                        target = os.readlink(f"/proc/{process.pid}/fd/{fd}")
+                        if target.startswith(prefix) and not target.endswith(" (deleted)"):
+                            self.paths.add(target)
+
+    def remove(self) -> list[str]:
+        """Unlink the recorded files that still exist (call once the tree is dead); returns their paths."""
+        import stat
+
+        removed = []
+        for path in sorted(self.paths):
+            try:
+                info = os.lstat(path)
+                if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid():
+                    os.unlink(path)
+                    removed.append(path)
+            except OSError:
+                continue
+        self.paths.clear()
+        if removed:
+            logger.info("removed %d shared-memory file(s) the vLLM server left: %s", len(removed), ", ".join(removed))
+        return removed
+
+
 class VLLMServer:
     """One supervised vLLM server process group. Create with :meth:`start`; stop with :meth:`stop`."""
 
@@ -112,6 +176,7 @@ class VLLMServer:
         self.start_seconds: float | None = None
         self._on_line = on_line
         self._reader = asyncio.get_running_loop().create_task(self._read_output())
+        self.shm = ShmLeftovers()
 
     @classmethod
     async def start(
@@ -152,6 +217,7 @@ class VLLMServer:
             await server.stop()
             raise
         server.start_seconds = time.perf_counter() - start
+        server.shm.record(proc.pid)  # the engine core's message queues exist once the server answers
         logger.info("vLLM server healthy at %s after %.1f s", server.url, server.start_seconds)
         return server
 
@@ -207,8 +273,11 @@ class VLLMServer:
         """Wait for the server's API process to exit, then kill what is left of its process group (the engine
         core is useless without it) and drain the output; returns the API process's exit code."""
         code = await self.wait_exit()
+        self.shm.record(self.proc.pid)
         _signal_group(self.proc.pid, signal.SIGKILL)
         await self._drain()
+        await _wait_group_gone(self.proc.pid)
+        self.shm.remove()
         return code
 
     def error(self, what: str = "exited") -> InferenceServerError:
@@ -217,6 +286,7 @@ class VLLMServer:
     async def stop(self, grace_s: float = 15.0) -> int | None:
         """SIGTERM the server's process group, SIGKILL it after ``grace_s``. Idempotent."""
         pgid = self.proc.pid  # start_new_session: the process group id is the leader's pid
+        self.shm.record(pgid)
         if self.proc.returncode is None:
             _signal_group(pgid, signal.SIGTERM)
             try:
@@ -228,11 +298,24 @@ class VLLMServer:
         # The engine-core child may outlive the API process for a moment: the group goes down with it.
         _signal_group(pgid, signal.SIGKILL)
         await self._drain()
+        await _wait_group_gone(pgid)
+        self.shm.remove()
         if not self._reader.done():
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reader
         return self.proc.returncode
+
+
+async def _wait_group_gone(pgid: int, timeout_s: float = 5.0) -> None:
+    """Wait until no process of group ``pgid`` is left (SIGKILLed members take a moment to be reaped)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        await asyncio.sleep(0.05)
 
 
 def _signal_group(pgid: int, sig: int) -> None:

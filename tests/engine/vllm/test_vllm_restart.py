@@ -26,6 +26,7 @@ def test_vllm_killed_server_is_reported_with_exit_code_and_last_lines_and_restar
     session = vllm_session.session
     server = session.engine.server
     old_group = server.pid
+    shm_files = set(server.shm.paths)  # the engine core's message queues, recorded when the server got healthy
 
     async def kill_and_use() -> InferenceServerError:
         os.kill(server.pid, signal.SIGKILL)
@@ -40,6 +41,8 @@ def test_vllm_killed_server_is_reported_with_exit_code_and_last_lines_and_restar
     assert error.returncode == -signal.SIGKILL
     assert "SIGKILL" in str(error) and "Last log lines" in str(error)
     assert error.last_lines
+    assert shm_files, "the server mapped no /dev/shm file: nothing was recorded to clean up"
+    assert not [path for path in shm_files if os.path.exists(path)]  # removed although SIGKILL left them
     info = vllm_session.run(session.restart_engine())
     assert info.version == session.versions.trainer_version
     assert info.checksum == session.versions.trainer_checksum
