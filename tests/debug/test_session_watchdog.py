@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,9 @@ def _alive(pid: int) -> bool:
 def test_command_hanging_in_a_rank0_only_collective_raises_naming_rank_op_and_call_site(
     small_config: SessionConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("PYTHONPATH", str(Path(_faults.__file__).parent))  # the ranks import _faults
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(Path(_faults.__file__).parent), os.environ.get("PYTHONPATH")]))
+    )  # the ranks import _faults
     config = dataclasses.replace(small_config, launch=dataclasses.replace(small_config.launch, hang_timeout_s=2.0))
 
     async def scenario() -> tuple[CollectiveHangError, str, list[int], dict[str, Any], str, str]:

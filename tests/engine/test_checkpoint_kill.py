@@ -61,7 +61,10 @@ def _alive(pid: int) -> bool:
 def test_writer_rank_killed_mid_checkpoint_leaves_previous_loadable_and_resume_continues_from_it(
     small_config: SessionConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("PYTHONPATH", str(Path(_checkpoint_faults.__file__).parent))  # the ranks import it
+    monkeypatch.setenv(
+        "PYTHONPATH",
+        os.pathsep.join(filter(None, [str(Path(_checkpoint_faults.__file__).parent), os.environ.get("PYTHONPATH")])),
+    )  # the ranks import it
     marker = tmp_path / "writer-paused"
     root = Path(small_config.observe.output_dir) / "checkpoints"
 
