@@ -116,7 +116,8 @@ async def main(config: SessionConfig) -> dict[str, object]:
 
 def print_summary(rewards: list[float], summary: dict[str, object], window: int) -> None:
     print("\nreward curve (moving mean over", window, "steps):")
-    marks = sorted({0, *range(0, len(rewards), max(1, len(rewards) // 10)), len(rewards) - 1})
+    # A resumed run that was already at max_steps trains no step: no curve to draw.
+    marks = sorted({0, *range(0, len(rewards), max(1, len(rewards) // 10)), len(rewards) - 1}) if rewards else []
     for i in marks:
         chunk = rewards[max(0, i - window + 1) : i + 1]
         mean = sum(chunk) / len(chunk)

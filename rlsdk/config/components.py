@@ -263,7 +263,7 @@ class InferenceConfig:
 
     Attributes:
         engine: Engine kind: 'embedded' (a transformers model in the controller process, the default), 'vllm'
-            (a real vLLM OpenAI-compatible server; needs the ``vllm`` extra, see docs/vllm.md) or 'colocated'
+            (a real vLLM OpenAI-compatible server; needs the ``vllm`` extra, see docs/howto/vllm.md) or 'colocated'
             (the train ranks generate with the weights they train, as TRL's GRPOTrainer does: no weights move at
             a sync; needs ``train.parallelism='ddp'`` and ``rollout.mode='sequential'``; see
             docs/howto/colocated.md).

@@ -44,6 +44,7 @@ MARKERS = {
 }
 REPORT_TITLE = "skipped suites (paste into the PR)"
 _SELECTED = pytest.StashKey[dict[str, set[str]]]()
+_EXTRA_LINES = pytest.StashKey[list[str]]()
 _DESELECTED = pytest.StashKey[int]()
 
 
@@ -88,8 +89,14 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         markexpr=config.getoption("markexpr", "") or "",
     )
     terminalreporter.write_sep("=", REPORT_TITLE)
-    for line in lines:
+    for line in [*lines, *config.stash.get(_EXTRA_LINES, [])]:
         terminalreporter.write_line(line)
+
+
+def add_report_lines(config: pytest.Config, lines: Sequence[str]) -> None:
+    """Append ``lines`` to this run's skipped-suite report: for what a test runs or skips inside itself (e.g.
+    the documentation blocks of a page, each executed or not run with a reason)."""
+    config.stash.setdefault(_EXTRA_LINES, []).extend(lines)
 
 
 def skipped_suites_report(

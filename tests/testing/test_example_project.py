@@ -41,9 +41,9 @@ def test_example_project_run_ends_with_skipped_suites_report(tmp_path: Path) -> 
     if _vllm_installed():  # `make test` installs the vllm extra: the example's vllm test then runs
         assert "5 passed, 1 skipped" in out
         assert "Skipped: 1 test(s):" in report
-        assert "Markers with no test run: slow, notebook, gpu, multinode." in report
+        assert "Markers with no test run: slow, notebook, gpu, multinode, security." in report
     else:
         assert "4 passed, 2 skipped" in out
         assert "Skipped: 2 test(s):" in report
         assert "- vllm: the vllm extra is not installed (1): test_distributed.py (1)" in report
-        assert "Markers with no test run: slow, notebook, vllm, gpu, multinode." in report
+        assert "Markers with no test run: slow, notebook, vllm, gpu, multinode, security." in report

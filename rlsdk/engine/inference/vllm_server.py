@@ -11,7 +11,7 @@ queues (``/dev/shm/psm_*``, each as large as the queue) in RAM until reboot: not
 them. :class:`ShmLeftovers` records the ``/dev/shm`` files the server's processes map while they live, and removes
 them once the whole process group is gone, however it ended.
 
-Serve flags that matter on CPU (measured, see docs/vllm.md): ``--dtype float32`` (else bf16, logprobs drift
+Serve flags that matter on CPU (measured, see docs/howto/vllm.md): ``--dtype float32`` (else bf16, logprobs drift
 ~0.27 from an fp32 trainer), ``--no-enable-chunked-prefill`` (else seeded batched requests crash the engine),
 ``--enforce-eager`` (start ~30-45 s instead of 40-100 s).
 """
@@ -27,6 +27,8 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import psutil
 
 from rlsdk.launch.output import pump_lines
 from rlsdk.observe.logging import get_logger
@@ -123,8 +125,6 @@ class ShmLeftovers:
 
     def record(self, pid: int) -> None:
         """Add what process ``pid`` and its descendants map (``/proc/PID/maps``) or hold open under the root."""
-        import psutil
-
         try:
             leader = psutil.Process(pid)
             processes = [leader, *leader.children(recursive=True)]
