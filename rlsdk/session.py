@@ -109,8 +109,9 @@ def load_resume_state(config: SessionConfig) -> tuple[Path, dict[str, Any]] | No
     resuming. Returns ``(directory, state)``: ``state`` holds the controller's parts (``ledger``, ``data``,
     ``session``: step and rollout counters, None in checkpoints written before they were saved).
 
-    Raises ``ConfigError`` naming ``train.resume_from`` (missing directory, no manifest.json, a checksum that
-    does not match, see :func:`rlsdk.engine.train.checkpoint.resolve_checkpoint`), ``launch.num_ranks`` (the
+    Raises ``ConfigError`` naming ``train.resume_from`` (missing directory, no manifest.json, not signed with this
+    user's key, a checksum that does not match, an unlisted file or a path leaving the directory, see
+    :func:`rlsdk.engine.train.checkpoint.resolve_checkpoint`), ``launch.num_ranks`` (the
     checkpoint has another rank count) or ``train.parallelism`` (another optimizer state layout).
     """
     import json
@@ -122,6 +123,9 @@ def load_resume_state(config: SessionConfig) -> tuple[Path, dict[str, Any]] | No
     if config.train.resume_from is None:
         return None
     directory = resolve_checkpoint(config.train.resume_from, Path(config.observe.output_dir))
+    for name in ("config.yaml", "ledger.json", "data_state.json"):
+        if not (directory / name).is_file():  # verified: a file that is there is listed in the signed manifest
+            raise ConfigError("train.resume_from", config.train.resume_from, f"a checkpoint with {name}")
     saved = yaml.safe_load((directory / "config.yaml").read_text(encoding="utf-8"))
     # TODO(train): resuming on another rank count (re-seeding the ranks' generators) or converting the optimizer
     # state between 'ddp' and 'fsdp2' layouts is undecided; refuse rather than continue inexactly.
