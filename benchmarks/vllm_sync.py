@@ -157,8 +157,6 @@ async def sync_latency(model_dir: Path, publish_dir: Path, reps: int, method: st
 
 
 async def rollout_throughput(model_dir: Path, out: Path, reps: int) -> dict[str, object]:
-    import httpx
-
     from rlsdk import Session
     from rlsdk.config import (
         DataConfig,
@@ -180,33 +178,32 @@ async def rollout_throughput(model_dir: Path, out: Path, reps: int) -> dict[str,
     )
     session_tps: list[float] = []
     raw_tps: list[float] = []
-    async with await Session.start(config) as session:
-        url = session.engine.url
-        async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+    # The raw client uses the engine's socket and token (the server listens on a Unix socket, requires its token).
+    async with await Session.start(config) as session, session.engine.server.client(timeout=600) as client:
 
-            async def raw(prompts: list[list[int]], seed: int) -> int:
-                async def one(index: int, ids: list[int]) -> int:
-                    sampling = {"n": 16, "max_tokens": 16, "temperature": 1.0, "logprobs": 0, "seed": seed + index}
-                    response = await client.post(
-                        "/inference/v1/generate",
-                        json={"model": "policy", "token_ids": ids, "sampling_params": sampling},
-                    )
-                    response.raise_for_status()
-                    return sum(len(c["token_ids"]) for c in response.json()["choices"])
+        async def raw(prompts: list[list[int]], seed: int) -> int:
+            async def one(index: int, ids: list[int]) -> int:
+                sampling = {"n": 16, "max_tokens": 16, "temperature": 1.0, "logprobs": 0, "seed": seed + index}
+                response = await client.post(
+                    "/inference/v1/generate",
+                    json={"model": "policy", "token_ids": ids, "sampling_params": sampling},
+                )
+                response.raise_for_status()
+                return sum(len(c["token_ids"]) for c in response.json()["choices"])
 
-                counts = await asyncio.gather(*(one(16 * i, ids) for i, ids in enumerate(prompts)))
-                return sum(counts)
+            counts = await asyncio.gather(*(one(16 * i, ids) for i, ids in enumerate(prompts)))
+            return sum(counts)
 
-            await session.rollout()  # warm-up
-            for rep in range(reps):
-                rows = session.next_prompts()
-                t0 = time.perf_counter()
-                rollout = await session.rollout(rows)
-                session_tps.append(float(rollout.completion_mask_B_C.sum()) / (time.perf_counter() - t0))
-                prompts = [list(session.tokenizer(row["prompt"])["input_ids"]) for row in rows]
-                t0 = time.perf_counter()
-                tokens = await raw(prompts, seed=rep)
-                raw_tps.append(tokens / (time.perf_counter() - t0))
+        await session.rollout()  # warm-up
+        for rep in range(reps):
+            rows = session.next_prompts()
+            t0 = time.perf_counter()
+            rollout = await session.rollout(rows)
+            session_tps.append(float(rollout.completion_mask_B_C.sum()) / (time.perf_counter() - t0))
+            prompts = [list(session.tokenizer(row["prompt"])["input_ids"]) for row in rows]
+            t0 = time.perf_counter()
+            tokens = await raw(prompts, seed=rep)
+            raw_tps.append(tokens / (time.perf_counter() - t0))
     return {"session_tokens_per_s": summarize(session_tps), "raw_tokens_per_s": summarize(raw_tps)}
 
 

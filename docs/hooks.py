@@ -135,6 +135,12 @@ def cli_reference() -> str:
             _help("promote", "--help"),
             "```",
             "",
+            "## `rlsdk checkpoint sign --help`",
+            "",
+            "```text",
+            _help("checkpoint", "sign", "--help"),
+            "```",
+            "",
         ]
     )
 

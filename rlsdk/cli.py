@@ -1,5 +1,5 @@
-"""``rlsdk`` command line: ``rlsdk run RECIPE.py [--section.field VALUE ...] [--config FILE.yaml]`` and
-``rlsdk promote NOTEBOOK.ipynb [-o recipes/NAME.py]``.
+"""``rlsdk`` command line: ``rlsdk run RECIPE.py [--section.field VALUE ...] [--config FILE.yaml]``,
+``rlsdk promote NOTEBOOK.ipynb [-o recipes/NAME.py]`` and ``rlsdk checkpoint sign|verify DIR ...``.
 
 A recipe is a Python file with ``config() -> SessionConfig`` (its defaults) and ``async main(config)``. The
 command-line flags are generated from the same config dataclasses (no parallel argparse for config fields).
@@ -62,6 +62,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     promote.add_argument("notebook", help="path to the .ipynb notebook")
     promote.add_argument("-o", "--output", help="recipe file to write (default: recipes/NOTEBOOK_NAME.py)")
     promote.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
+    checkpoint = sub.add_parser(
+        "checkpoint",
+        help="check a checkpoint, or trust one someone else wrote (sign it with your key)",
+        description="A resume loads only checkpoints whose manifest is signed with your key "
+        "(~/.cache/rlsdk/checkpoint.key); see docs/howto/checkpoints.md.",
+    )
+    actions = checkpoint.add_subparsers(dest="checkpoint_command", required=True)
+    sign = actions.add_parser(
+        "sign",
+        help="trust a checkpoint: check its files against its manifest, then sign the manifest with your key",
+        description="Use it for a checkpoint written by another user, on another machine, or by an rlsdk that "
+        "did not sign checkpoints yet, once you know who wrote it: resuming runs code-bearing files from it.",
+    )
+    sign.add_argument("directories", nargs="+", metavar="DIR", help="step_N checkpoint directories")
+    verify = actions.add_parser("verify", help="run the checks a resume runs, without loading anything")
+    verify.add_argument("directories", nargs="+", metavar="DIR", help="step_N checkpoint directories")
     from rlsdk.debug.cli import add_trace_parser, trace_command
 
     add_trace_parser(sub)
@@ -82,7 +98,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return trace_command(parser, args)
     if args.command == "promote":
         return promote_command(parser, args.notebook, args.output, force=args.force)
+    if args.command == "checkpoint":
+        return checkpoint_command(args.checkpoint_command, args.directories)
     return 0
+
+
+def checkpoint_command(action: str, directories: Sequence[str]) -> int:
+    """``rlsdk checkpoint sign|verify DIR ...``: 0 when every directory passed, else 1 (each failure on stderr)."""
+    from rlsdk.engine.train.checkpoint import sign_checkpoint, verify_checkpoint
+    from rlsdk.engine.train.checkpoint_signing import key_id, key_path, load_key
+
+    failed = 0
+    for directory in directories:
+        try:
+            if action == "sign":
+                sign_checkpoint(directory)
+                message = f"signed {directory} with your key {key_id(load_key())} ({key_path()})"
+            else:
+                files = verify_checkpoint(Path(directory))
+                message = f"ok {directory}: {len(files)} files match the manifest signed with your key"
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            failed += 1
+            sys.stderr.write(f"rlsdk checkpoint {action}: error: {directory}: {exc}\n")
+            continue
+        sys.stdout.write(message + "\n")
+    return 1 if failed else 0
 
 
 def promote_command(parser: argparse.ArgumentParser, notebook: str, output: str | None, *, force: bool) -> int:

@@ -27,6 +27,7 @@ from typing import Any
 
 from rlsdk.config import ConfigError, SessionConfig, config_to_dict
 from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams, WeightInfo
+from rlsdk.engine.inference.vllm_worker import WEIGHTS_DIR_ENV
 from rlsdk.engine.publish_dir import PublishDir
 from rlsdk.observe.logging import ROOT_LOGGER, RankLogRouter, get_logger, set_log_context
 from rlsdk.observe.metrics import MetricsWriter
@@ -108,8 +109,9 @@ def load_resume_state(config: SessionConfig) -> tuple[Path, dict[str, Any]] | No
     resuming. Returns ``(directory, state)``: ``state`` holds the controller's parts (``ledger``, ``data``,
     ``session``: step and rollout counters, None in checkpoints written before they were saved).
 
-    Raises ``ConfigError`` naming ``train.resume_from`` (missing directory, no manifest.json, a checksum that
-    does not match, see :func:`rlsdk.engine.train.checkpoint.resolve_checkpoint`), ``launch.num_ranks`` (the
+    Raises ``ConfigError`` naming ``train.resume_from`` (missing directory, no manifest.json, not signed with this
+    user's key, a checksum that does not match, an unlisted file or a path leaving the directory, see
+    :func:`rlsdk.engine.train.checkpoint.resolve_checkpoint`), ``launch.num_ranks`` (the
     checkpoint has another rank count) or ``train.parallelism`` (another optimizer state layout).
     """
     import json
@@ -121,6 +123,9 @@ def load_resume_state(config: SessionConfig) -> tuple[Path, dict[str, Any]] | No
     if config.train.resume_from is None:
         return None
     directory = resolve_checkpoint(config.train.resume_from, Path(config.observe.output_dir))
+    for name in ("config.yaml", "ledger.json", "data_state.json"):
+        if not (directory / name).is_file():  # verified: a file that is there is listed in the signed manifest
+            raise ConfigError("train.resume_from", config.train.resume_from, f"a checkpoint with {name}")
     saved = yaml.safe_load((directory / "config.yaml").read_text(encoding="utf-8"))
     # TODO(train): resuming on another rank count (re-seeding the ranks' generators) or converting the optimizer
     # state between 'ddp' and 'fsdp2' layouts is undecided; refuse rather than continue inexactly.
@@ -293,6 +298,15 @@ class Session:
         root.setLevel(level)
         set_log_context(rank=None, world_size=cfg.launch.num_ranks, version=0, role="controller")
 
+        if getattr(self, "_runtime_dir", None) is None:
+            from rlsdk.runtime_dir import SessionRuntimeDir
+
+            # Private (0700) home of the session's Unix sockets (the vLLM server's); removed by close().
+            self._runtime_dir = SessionRuntimeDir()
+        # Before the launcher: a vLLM replica the job starts loads weights only from here. Swept by the next
+        # Session if this process is killed before close() removes it (see publish_dir).
+        self._publish = PublishDir()
+        self._publish_dir = self._publish.path
         secret = new_session_secret()
         session_id = uuid.uuid4().hex[:12]
         channel_cls: type[ControllerChannel] = ControllerChannel
@@ -332,6 +346,7 @@ class Session:
                 "RLSDK_SHM_ALLREDUCE": int(cfg.launch.shm_allreduce),
                 "RLSDK_PG_TIMEOUT_S": "" if cfg.launch.pg_timeout_s is None else cfg.launch.pg_timeout_s,
                 "RLSDK_TRACE_DIR": self.output_dir / "traces" / "live",
+                WEIGHTS_DIR_ENV: self._publish_dir,  # for vLLM replicas a cluster job starts
             },
         )
         self._phase("launching ranks")
@@ -449,9 +464,6 @@ class Session:
             dataset = await asyncio.to_thread(build_prompt_dataset, cfg.data, seed=cfg.seed, tokenizer=self.tokenizer)
         self.prompt_sampler = PromptSampler(dataset, cfg.data.prompts_per_step, seed=cfg.seed)
         self.metrics = MetricsWriter(self.output_dir / "tensorboard", tensorboard=cfg.observe.tensorboard)
-        # Swept by the next Session if this process is killed before close() removes it (see publish_dir).
-        self._publish = PublishDir()
-        self._publish_dir = self._publish.path
 
     async def _build_engine(self) -> InferenceEngine:
         """The configured engine: embedded (in this process) or vLLM (a supervised server, or attached by URL)."""
@@ -489,16 +501,18 @@ class Session:
         # inference.weight_transfer 'auto': NCCL broadcast from trainer rank 0 on GPU nodes, else the file reload.
         trainer = RankCommandTrainer(lambda body, t: self._broadcast(NCCL_RANK_COMMAND, body, timeout_s=t))
         transfer = select_weight_transfer(cfg.launch, trainer, inference.weight_transfer)
-        url = inference.url
+        url, token = inference.url, None  # an attached server's token: VLLM_API_KEY (VLLMEngine.attach)
         if url is None and getattr(self._launcher, "vllm_replicas", 0) > 0:
             # The Slurm job runs the replica on a node of its own; its endpoint comes back once it is healthy.
             url = await self._launcher.wait_for_endpoint(
                 0, timeout_s=cfg.launch.start_timeout_s + inference.server_start_timeout_s
             )
+            token = self._launcher.vllm_token
         if url is not None:
             engine = await VLLMEngine.attach(
                 url,
                 cfg.model.path,
+                token=token,
                 request_timeout_s=inference.request_timeout_s,
                 sync_timeout_s=inference.sync_timeout_s,
                 transfer=transfer,
@@ -514,6 +528,8 @@ class Session:
                 sync_timeout_s=inference.sync_timeout_s,
                 on_line=self._inference_line,
                 transfer=transfer,
+                runtime_dir=self._runtime_dir.path,
+                weights_dir=self._publish_dir,
             )
             self._engine_watch = asyncio.get_running_loop().create_task(self._watch_engine(engine))
         return engine
@@ -746,6 +762,10 @@ class Session:
             self.metrics.close()
         if self._publish is not None:
             self._publish.remove()
+        runtime_dir = getattr(self, "_runtime_dir", None)
+        if runtime_dir is not None:
+            runtime_dir.remove()
+            self._runtime_dir = None
         logger.info("session closed")
         if self._log_handler is not None:
             logging.getLogger(ROOT_LOGGER).removeHandler(self._log_handler)

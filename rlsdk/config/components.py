@@ -271,8 +271,9 @@ class InferenceConfig:
         max_batch_size: Most sequences generated in one forward pass, >= 1 (embedded engine; colocated: per
             rank).
         url: vllm only: attach to an already-running server at this base URL ('http://HOST:PORT'; started with
-            VLLM_SERVER_DEV_MODE=1 and rlsdk's worker extension) instead of starting one; None = start one on
-            127.0.0.1 with a free port.
+            the flags of ``rlsdk.engine.inference.vllm_server.server_command`` and a secret token in its
+            VLLM_API_KEY, which the Session reads from its own VLLM_API_KEY) instead of starting one; None = start
+            one on a Unix socket in the session's private runtime directory (no TCP port).
         logprob_warn_threshold: Each update warns when the mean |trainer - engine| logprob of the batch's
             completion tokens exceeds this (nats), > 0.
         kv_cache_gib: vllm only: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE), an int >= 1.

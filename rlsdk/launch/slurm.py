@@ -18,8 +18,12 @@ is given the session config): the allocation grows by one node per replica (afte
 starts each replica's server (the command rlsdk's local launcher runs, :func:`rlsdk.engine.inference.vllm_server.
 server_command`) with srun on its node, in the background, through :mod:`rlsdk.launch.vllm_replica`, which writes
 the replica's endpoint to ``OUTPUT/launch/slurm/endpoints/replica-R.json`` once it is healthy; the controller
-polls that file (:meth:`SlurmLauncher.wait_for_endpoint`) and attaches to the server by URL. Only one replica runs
-end to end: routing over several is not implemented, and ``start_launcher`` refuses ``inference_replicas > 1``.
+polls that file (:meth:`SlurmLauncher.wait_for_endpoint`) and attaches to the server by URL. A replica listens on
+its node's name, so it is reachable from the cluster network: every route but ``/health`` requires the job's own
+bearer token (:mod:`rlsdk.engine.inference.vllm_auth`), which reaches the server through the job's environment
+(``VLLM_API_KEY``, with ``--export=ALL`` like the session secret), never the script or the endpoint file. Only one
+replica runs end to end: routing over several is not implemented, and ``start_launcher`` refuses
+``inference_replicas > 1``.
 
 What is not run here: a real Slurm cluster. The generated scripts are snapshot-tested; the simulation runs them
 (with a stand-in for the vLLM server in the endpoint test).
@@ -30,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import secrets
 import shlex
 import shutil
 import signal
@@ -38,7 +43,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -72,12 +77,14 @@ class VllmReplicaSpec:
         endpoint_dir: Where each replica's wrapper writes ``replica-R.json`` once healthy (shared with the
             controller).
         start_timeout_s: Seconds a replica's server may take to become healthy (``inference.server_start_timeout_s``).
+        token: The bearer token every replica requires (fresh per spec; exported to the job, never written).
     """
 
     replicas: int
     server_command: tuple[str, ...]
     endpoint_dir: str
     start_timeout_s: float = 300.0
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
 
     @classmethod
     def from_config(cls, config: SessionConfig, *, endpoint_dir: str, python: str | None = None) -> VllmReplicaSpec:
@@ -367,13 +374,18 @@ class SlurmLauncher:
         logger.info(
             "submitting %s: %d nodes x %d ranks, rendezvous port %d", script, spec.num_nodes, spec.ranks_per_node, port
         )
+        job_env = dict(env)
+        if vllm is not None:
+            from rlsdk.engine.inference.vllm_auth import TOKEN_ENV
+
+            job_env[TOKEN_ENV] = vllm.token  # the replicas' token: inherited through --export=ALL, never written
         proc = await asyncio.create_subprocess_exec(
             *cmd,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
-            env=dict(env),
+            env=job_env,
             cwd=str(job_dir),
         )
         launcher = cls(proc, output_path, on_line, local_ranks=launch.simulate_nodes_on_loopback)
@@ -388,6 +400,11 @@ class SlurmLauncher:
     def vllm_replicas(self) -> int:
         """vLLM replicas this job starts on nodes of their own (0: none; the Session starts or attaches one)."""
         return self.vllm.replicas if self.vllm is not None else 0
+
+    @property
+    def vllm_token(self) -> str | None:
+        """The bearer token this job's vLLM replicas require (None: the job starts none)."""
+        return self.vllm.token if self.vllm is not None else None
 
     async def wait_for_endpoint(self, replica: int = 0, *, timeout_s: float) -> str:
         """The base URL (``http://NODE:PORT``) of vLLM replica ``replica`` once its server is healthy.

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from rlsdk.config import ConfigError, LaunchConfig, ModelConfig, ObserveConfig, SessionConfig, TrainConfig
-from rlsdk.engine.train.checkpoint import finalize_checkpoint
+from rlsdk.engine.train.checkpoint import finalize_checkpoint, sign_checkpoint
 from rlsdk.session import load_resume_state
 
 
@@ -136,6 +136,7 @@ def test_load_resume_state_of_a_checkpoint_without_session_json_returns_no_count
     manifest = json.loads((checkpoint / "manifest.json").read_text())
     del manifest["files"]["session.json"]
     (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+    sign_checkpoint(checkpoint)  # an older rlsdk's checkpoint, trusted by its user (`rlsdk checkpoint sign`)
 
     _, state = load_resume_state(_config(tmp_path, str(checkpoint)))
 

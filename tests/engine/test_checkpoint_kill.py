@@ -157,16 +157,24 @@ _FINALIZE_UNDER_KILL = textwrap.dedent(
         Path.write_text = after(1, Path.write_text)  # the first extra file written, the second not
     elif point == "hashing-for-manifest":
         checkpoint._sha256 = after(2, checkpoint._sha256)
+    elif point == "signing-manifest":
+        checkpoint.write_signature = after(0, checkpoint.write_signature)  # manifest written, not signed
     elif point == "before-fsync":
-        checkpoint._fsync_tree = after(0, checkpoint._fsync_tree)  # manifest written, nothing synced
-    elif point == "before-rename":
-        checkpoint.os.replace = after(0, checkpoint.os.replace)
+        checkpoint._fsync_tree = after(0, checkpoint._fsync_tree)  # manifest written and signed, nothing synced
+    elif point == "before-rename":  # the directory's rename (os.replace also moves the signature into place)
+        real_replace = checkpoint.os.replace
+        def die_before_rename(src, dst, *args, **kwargs):
+            if Path(dst) == final:
+                kill()
+            return real_replace(src, dst, *args, **kwargs)
+        checkpoint.os.replace = die_before_rename
         # EXTRA_PATCH
     elif point == "after-rename":
         real_replace = checkpoint.os.replace
-        def replace_then_die(*args, **kwargs):
-            real_replace(*args, **kwargs)
-            kill()
+        def replace_then_die(src, dst, *args, **kwargs):
+            real_replace(src, dst, *args, **kwargs)
+            if Path(dst) == final:
+                kill()
         checkpoint.os.replace = replace_then_die
     elif point == "between-removing-old-and-rename":  # re-saving an existing step_N
         real_rmtree = checkpoint.shutil.rmtree
@@ -201,6 +209,7 @@ def _finalized(root: Path, step: int, fill: bytes) -> Path:
     [
         ("writing-extra-files", False),
         ("hashing-for-manifest", False),
+        ("signing-manifest", False),
         ("before-fsync", False),
         ("before-rename", False),
         ("after-rename", True),

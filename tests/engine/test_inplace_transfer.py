@@ -16,6 +16,12 @@ from rlsdk.engine.inference.inplace_transfer import PLAIN_WORKER_EXTENSION, InPl
 from rlsdk.engine.inference.vllm_server import WORKER_EXTENSION, server_command
 
 
+@pytest.fixture(autouse=True)
+def _weights_dir_is_tmp_path(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker extension loads only from its server's weights directory: here each test's tmp_path."""
+    monkeypatch.setenv(vllm_worker.WEIGHTS_DIR_ENV, str(tmp_path))
+
+
 class FakeRpc:
     """The server's ``/collective_rpc``: ``answers[method]`` is the list of worker results (or one per call)."""
 

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import textwrap
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,11 @@ from rlsdk.launch.slurm import SlurmLauncher, VllmReplicaSpec, endpoint_path
 from rlsdk.testing.fake_slurm import install_fake_slurm
 
 # Stands in for `python -m vllm.entrypoints.openai.api_server`: takes the --host/--port the replica wrapper
-# appends, answers GET /health after a short start-up, or exits at once with --die.
+# appends, answers GET /health after a short start-up, or exits at once with --die. Like rlsdk's token middleware,
+# every other path answers 200 only with `Authorization: Bearer $VLLM_API_KEY`, else 401.
 FAKE_SERVER = textwrap.dedent(
     """
-    import argparse, http.server, sys, time
+    import argparse, http.server, os, sys, time
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--host")
@@ -41,7 +43,9 @@ FAKE_SERVER = textwrap.dedent(
 
     class Health(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            self.send_response(200 if self.path == "/health" else 404)
+            token = os.environ.get("VLLM_API_KEY")
+            authorized = bool(token) and self.headers.get("Authorization") == f"Bearer {token}"
+            self.send_response(200 if self.path == "/health" or authorized else 401)
             self.end_headers()
 
         def log_message(self, *args):
@@ -102,6 +106,38 @@ def test_slurm_job_with_a_vllm_replica_hands_its_healthy_endpoint_back_and_stop_
     assert out["replicas"] == 1
     assert "#SBATCH --nodes=3" in (job_dir / "train.sbatch").read_text()
     assert not _alive(out["record"]["pid"])
+
+
+@pytest.mark.security
+def test_slurm_vllm_replica_gets_the_jobs_token_through_its_environment_and_never_in_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job_dir, replica = _fake_cluster(tmp_path, monkeypatch)
+
+    def status(url: str, headers: dict[str, str]) -> int:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(f"{url}/is_paused", headers=headers), timeout=5.0) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    async def scenario() -> tuple[int, int, str | None]:
+        launcher = await SlurmLauncher.start(LAUNCH, dict(os.environ), job_dir=job_dir, vllm=replica)
+        try:
+            url = await launcher.wait_for_endpoint(0, timeout_s=60.0)
+            token = launcher.vllm_token
+            assert token is not None
+            return status(url, {}), status(url, {"Authorization": f"Bearer {token}"}), token
+        finally:
+            await launcher.stop(grace_s=5.0)
+
+    anonymous, authorized, token = asyncio.run(scenario())
+
+    assert (anonymous, authorized) == (401, 200)
+    assert token == replica.token and token not in repr(replica)
+    for path in job_dir.rglob("*"):  # the script, the endpoint file, the job's output
+        if path.is_file():
+            assert token not in path.read_text(errors="replace"), path
 
 
 def test_wait_for_endpoint_when_the_replicas_server_dies_at_start_raises_at_once_with_its_last_lines(

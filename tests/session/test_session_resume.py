@@ -109,6 +109,8 @@ def _record_checksum(checkpoint: Path, checksum: str) -> None:
 
     import torch
 
+    from rlsdk.engine.train.checkpoint import sign_checkpoint
+
     state_path = checkpoint / "trainer_state.pt"
     state = torch.load(state_path, weights_only=False)
     state["checksum"] = checksum
@@ -117,6 +119,7 @@ def _record_checksum(checkpoint: Path, checksum: str) -> None:
     data = state_path.read_bytes()
     manifest["files"]["trainer_state.pt"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     (checkpoint / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    sign_checkpoint(checkpoint)  # trusted by its user, as `rlsdk checkpoint sign` does
 
 
 def test_session_resumes_checkpoints_with_legacy_sha256_and_blake3_checksums_and_rejects_a_wrong_one(

@@ -2,8 +2,9 @@
 
 Token ids in, token ids + per-token logprobs + per-token weight versions out, through vLLM's token-in/out
 endpoint ``/inference/v1/generate`` (no detokenise/retokenise round trip). The server either runs under
-:class:`~rlsdk.engine.inference.vllm_server.VLLMServer` (started by :meth:`VLLMEngine.start`) or is already
-running (:meth:`VLLMEngine.attach`).
+:class:`~rlsdk.engine.inference.vllm_server.VLLMServer` (started by :meth:`VLLMEngine.start`, on a Unix socket in a
+private directory) or is already running (:meth:`VLLMEngine.attach`). Every request carries the server's bearer
+token (:mod:`rlsdk.engine.inference.vllm_auth`): a started server's own, or the one the user gave an attached one.
 
 A weight sync (:meth:`VLLMEngine.load_weights`) is: ``/sleep?level=0&mode=wait`` (vLLM's scheduler pause:
 in-flight requests finish on the old weights, new ones queue; ``/pause`` adds a fixed 20 ms sleep) -> the weight
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,7 +32,8 @@ import torch
 from rlsdk.engine.inference.embedded import model_token_ids
 from rlsdk.engine.inference.protocol import GenerateResult, SamplingParams, WeightInfo
 from rlsdk.engine.inference.sampling import _validate_params
-from rlsdk.engine.inference.vllm_server import SERVED_MODEL_NAME, InferenceServerError, VLLMServer
+from rlsdk.engine.inference.vllm_auth import TOKEN_ENV
+from rlsdk.engine.inference.vllm_server import SERVED_MODEL_NAME, InferenceServerError, VLLMServer, http_client
 from rlsdk.engine.inference.weight_transfer import FileWeightTransfer, WeightTransfer
 from rlsdk.observe.logging import get_logger
 
@@ -131,6 +134,7 @@ class VLLMEngine:
         transfer: WeightTransfer | None = None,
         request_timeout_s: float = 600.0,
         sync_timeout_s: float = 120.0,
+        token: str | None = None,
     ) -> None:
         import httpx
 
@@ -140,8 +144,9 @@ class VLLMEngine:
         self._pad_token_id = int(pad_token_id)
         self._request_timeout_s = request_timeout_s
         self._sync_timeout_s = sync_timeout_s
-        self._client = httpx.AsyncClient(
-            base_url=self.url,
+        self._client = http_client(
+            self.url,
+            token=token,
             timeout=httpx.Timeout(request_timeout_s, connect=10.0),
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         )
@@ -163,8 +168,16 @@ class VLLMEngine:
         sync_timeout_s: float = 120.0,
         on_line: Callable[[str], None] | None = None,
         transfer: WeightTransfer | None = None,
+        runtime_dir: str | None = None,
+        weights_dir: str | None = None,
     ) -> VLLMEngine:
-        """Start a vLLM server for ``model_path`` on 127.0.0.1 (free port) and return an engine serving v0.
+        """Start a vLLM server for ``model_path`` and return an engine serving v0.
+
+        The server listens on a Unix socket in ``runtime_dir`` (a private 0700 directory: the Session's
+        :class:`~rlsdk.runtime_dir.SessionRuntimeDir`; None = one of its own) and opens no TCP port; its token is
+        fresh. ``weights_dir``: the only directory it loads published weights from (the Session's publish
+        directory; None = any private rlsdk publish directory of this user). See
+        :meth:`~rlsdk.engine.inference.vllm_server.VLLMServer.start`.
 
         Raises:
             ValueError: the model's head size is not supported by vLLM's CPU attention (checked before start).
@@ -182,6 +195,8 @@ class VLLMEngine:
             extra_args=[*transfer.server_args(), *extra_server_args],
             timeout_s=start_timeout_s,
             on_line=on_line,
+            runtime_dir=runtime_dir,
+            weights_dir=weights_dir,
         )
         engine = cls(
             server.url,
@@ -190,6 +205,7 @@ class VLLMEngine:
             transfer=transfer,
             request_timeout_s=request_timeout_s,
             sync_timeout_s=sync_timeout_s,
+            token=server.token,
         )
         try:
             await engine._post("/update_weight_version", json={"new_version": "0"}, timeout_s=sync_timeout_s)
@@ -204,17 +220,32 @@ class VLLMEngine:
         url: str,
         model_path: str,
         *,
+        token: str | None = None,
         request_timeout_s: float = 600.0,
         sync_timeout_s: float = 120.0,
         transfer: WeightTransfer | None = None,
     ) -> VLLMEngine:
-        """Use a running server at ``url`` (started with VLLM_SERVER_DEV_MODE=1, ``--enable-scale-out``,
-        ``--logprobs-mode processed_logprobs`` and ``--worker-extension-cls`` rlsdk's extension; see
-        :func:`~rlsdk.engine.inference.vllm_server.server_command`). Closing the engine leaves the server running.
+        """Use a running server at ``url`` (``http(s)://HOST:PORT``, or ``unix:/path/to.sock``), started with the
+        flags of :func:`~rlsdk.engine.inference.vllm_server.server_command` (dev mode, ``--enable-scale-out``,
+        ``--logprobs-mode processed_logprobs``, rlsdk's worker extension and its token middleware) and its token in
+        ``VLLM_API_KEY``. Closing the engine leaves the server running.
+
+        ``token``: the server's bearer token; None = this process's ``VLLM_API_KEY``. Attaching checks that the
+        server refuses a request without it: a server whose development endpoints answer anyone who reaches
+        them (they load weights) is refused.
 
         Raises:
-            RuntimeError: the server does not answer, is not in dev mode, or lacks rlsdk's worker extension.
+            RuntimeError: no token; the server does not answer, answers a development endpoint without the token,
+                is not in dev mode, or lacks rlsdk's worker extension.
         """
+        token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        how = (
+            f"start it with the flags of rlsdk.engine.inference.vllm_server.server_command (among them --middleware "
+            f"rlsdk.engine.inference.vllm_auth.RequireToken) and a secret token in its {TOKEN_ENV}, and give the "
+            f"Session the same token in {TOKEN_ENV}"
+        )
+        if not token:
+            raise RuntimeError(f"cannot attach to the vLLM server at {url} without its token: {how}")
         pad_token_id, _ = model_token_ids(model_path)
         engine = cls(
             url,
@@ -222,16 +253,24 @@ class VLLMEngine:
             transfer=transfer,
             request_timeout_s=request_timeout_s,
             sync_timeout_s=sync_timeout_s,
+            token=token,
         )
         try:
             await engine._get("/health", timeout_s=10.0)
+            async with http_client(engine.url, token=None, timeout=10.0) as anonymous:
+                status = (await anonymous.get("/is_paused")).status_code
+            if status != 401:
+                raise RuntimeError(
+                    f"it answers GET /is_paused without a token (HTTP {status}): anyone who reaches it can load "
+                    f"weights into it through /collective_rpc; {how}"
+                )
             await engine._rpc("rlsdk_weight_info", {}, 30.0)
         except BaseException as exc:
             await engine.close()
             raise RuntimeError(
                 f"cannot attach to the vLLM server at {url}: {exc}. It must run in dev mode "
                 "(VLLM_SERVER_DEV_MODE=1) with --worker-extension-cls "
-                "rlsdk.engine.inference.vllm_worker.WeightSyncExtension"
+                "rlsdk.engine.inference.vllm_worker.WeightSyncExtension and the token middleware"
             ) from exc
         return engine
 

@@ -1,4 +1,4 @@
-"""Start and supervise a real vLLM OpenAI-compatible server on loopback.
+"""Start and supervise a real vLLM OpenAI-compatible server on a Unix socket only this user can reach.
 
 The server runs ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script of the CPU build
 fails) through :mod:`rlsdk.launch.pdeathsig`, in its own process group, so it dies with the controller (even on
@@ -14,6 +14,14 @@ them once the whole process group is gone, however it ended.
 Serve flags that matter on CPU (measured, see docs/howto/vllm.md): ``--dtype float32`` (else bf16, logprobs drift
 ~0.27 from an fp32 trainer), ``--no-enable-chunked-prefill`` (else seeded batched requests crash the engine),
 ``--enforce-eager`` (start ~30-45 s instead of 40-100 s).
+
+Nothing listens on a TCP port: the server binds a Unix socket (vLLM's ``--uds``) in the session's 0700 runtime
+directory (:class:`rlsdk.runtime_dir.SessionRuntimeDir`), which no other user can enter, and every route but
+``/health`` also requires a per-server bearer token (:mod:`rlsdk.engine.inference.vllm_auth`; the token travels in
+the server's environment), so the development endpoints that load weights answer only the Session that started
+it. Where TCP cannot be avoided (Slurm replicas on other nodes, a server attached by URL) the token is what
+guards them. The worker extension loads weights only from the directory named by ``RLSDK_VLLM_WEIGHTS_DIR``
+(the session's publish directory; :func:`rlsdk.engine.inference.vllm_worker.allowed_weights_path`).
 """
 
 from __future__ import annotations
@@ -21,17 +29,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
-import socket
 import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import psutil
 
+from rlsdk.engine.inference.vllm_auth import MIDDLEWARE, TOKEN_ENV, bearer_header
+from rlsdk.engine.inference.vllm_worker import WEIGHTS_DIR_ENV
 from rlsdk.launch.output import pump_lines
 from rlsdk.observe.logging import get_logger
+from rlsdk.runtime_dir import MAX_SOCKET_PATH, SessionRuntimeDir
 
 logger = get_logger(__name__)
 
@@ -55,39 +67,45 @@ class InferenceServerError(RuntimeError):
         super().__init__(f"vLLM server {what}: {how}. Last log lines:\n{tail}")
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` now (the server binds it a moment later; a race is reported by the server)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 def server_command(
     model_path: str,
-    port: int,
+    port: int | None = None,
     *,
     host: str = "127.0.0.1",
+    uds: str | None = None,
     max_model_len: int | None = None,
     extra_args: Sequence[str] = (),
     python: str = sys.executable,
 ) -> list[str]:
-    """The server's command line (wrapped in ``rlsdk.launch.pdeathsig``); ``extra_args`` may name another
-    ``--worker-extension-cls`` (a weight transfer's own, e.g. the in-place one), which then replaces rlsdk's."""
+    """The server's command line (wrapped in ``rlsdk.launch.pdeathsig``): on the Unix socket ``uds``, else on
+    ``host:port`` (a port of None: neither, the caller appends them, as the Slurm replica wrapper does).
+
+    Every route but ``/health`` requires the bearer token in the server's ``VLLM_API_KEY``
+    (:class:`~rlsdk.engine.inference.vllm_auth.RequireToken`; the server refuses to start without it).
+    ``extra_args`` may name another ``--worker-extension-cls`` (a weight transfer's own, e.g. the in-place one),
+    which then replaces rlsdk's.
+    """
     own = "--worker-extension-cls" in extra_args
     extension = [] if own else ["--worker-extension-cls", WORKER_EXTENSION]
+    if uds is not None:
+        listen = ["--uds", uds]
+    elif port is not None:
+        listen = ["--host", host, "--port", str(port)]
+    else:
+        listen = []
     cmd = [
         python, "-m", "rlsdk.launch.pdeathsig",
         python, "-m", "vllm.entrypoints.openai.api_server",
         "--model", model_path,
         "--served-model-name", SERVED_MODEL_NAME,
-        "--host", host,
-        "--port", str(port),
+        *listen,
         "--dtype", "float32",
         "--no-enable-chunked-prefill",
         "--enforce-eager",
         "--enable-scale-out",  # token-in/out /inference/v1/generate, with per-token weight versions
         "--logprobs-mode", "processed_logprobs",  # log_softmax(logits / temperature), as the trainer computes
         *extension,
+        "--middleware", MIDDLEWARE,  # the token on every route, the development endpoints included
         "--disable-uvicorn-access-log",
     ]  # fmt: skip
     if max_model_len is not None:
@@ -96,7 +114,9 @@ def server_command(
 
 
 def server_environment(base: Mapping[str, str], kv_cache_gib: int) -> dict[str, str]:
-    """The server's environment: the controller's, plus the dev-mode RL endpoints and offline operation."""
+    """The server's environment: the controller's, plus the dev-mode RL endpoints and offline operation.
+
+    Holds no secret (the Slurm script writes it out): the token is added where the server starts."""
     env = dict(base)
     env.update(
         VLLM_SERVER_DEV_MODE="1",
@@ -166,17 +186,59 @@ class ShmLeftovers:
         return removed
 
 
-class VLLMServer:
-    """One supervised vLLM server process group. Create with :meth:`start`; stop with :meth:`stop`."""
+def new_token() -> str:
+    """A fresh bearer token for one server (256 random bits)."""
+    return secrets.token_urlsafe(32)
 
-    def __init__(self, proc: asyncio.subprocess.Process, url: str, on_line: Callable[[str], None] | None) -> None:
+
+def http_client(url: str, *, token: str | None, timeout: Any, limits: Any = None) -> Any:
+    """An ``httpx.AsyncClient`` for the vLLM server at ``url`` that sends ``token`` on every request.
+
+    ``url``: ``unix:/path/to.sock`` (vLLM's own spelling of a ``--uds`` address) or ``http(s)://HOST:PORT``.
+    """
+    import httpx
+
+    headers = bearer_header(token) if token else {}
+    limits = limits if limits is not None else httpx.Limits()
+    if url.startswith("unix:"):
+        transport = httpx.AsyncHTTPTransport(uds=url.removeprefix("unix:"), limits=limits)
+        return httpx.AsyncClient(base_url="http://localhost", transport=transport, headers=headers, timeout=timeout)
+    return httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout, limits=limits)
+
+
+class VLLMServer:
+    """One supervised vLLM server process group. Create with :meth:`start`; stop with :meth:`stop`.
+
+    ``url`` is ``unix:SOCKET`` (the Unix socket it listens on, also :attr:`socket_path`); ``token`` the bearer
+    token every request but ``/health`` must carry (never logged).
+    """
+
+    def __init__(
+        self,
+        proc: asyncio.subprocess.Process,
+        url: str,
+        on_line: Callable[[str], None] | None,
+        *,
+        token: str | None = None,
+        own_runtime_dir: SessionRuntimeDir | None = None,
+    ) -> None:
         self.proc = proc
         self.url = url
+        self.token = token
         self.last_lines: deque[str] = deque(maxlen=200)
         self.start_seconds: float | None = None
         self._on_line = on_line
+        self._own_runtime_dir = own_runtime_dir
         self._reader = asyncio.get_running_loop().create_task(self._read_output())
         self.shm = ShmLeftovers()
+
+    def __repr__(self) -> str:  # never the token
+        return f"VLLMServer(pid={self.proc.pid}, url={self.url!r}, returncode={self.proc.returncode})"
+
+    @property
+    def socket_path(self) -> str | None:
+        """The Unix socket the server listens on (None for a TCP address)."""
+        return self.url.removeprefix("unix:") if self.url.startswith("unix:") else None
 
     @classmethod
     async def start(
@@ -188,28 +250,61 @@ class VLLMServer:
         extra_args: Sequence[str] = (),
         timeout_s: float = 300.0,
         on_line: Callable[[str], None] | None = None,
-        host: str = "127.0.0.1",
         env: Mapping[str, str] | None = None,
+        runtime_dir: str | None = None,
+        weights_dir: str | None = None,
     ) -> VLLMServer:
-        """Start the server and wait until ``/health`` answers 200.
+        """Start the server on a Unix socket in ``runtime_dir`` and wait until ``/health`` answers 200.
+
+        ``runtime_dir``: a private (0700) directory of this user, the Session's
+        :class:`~rlsdk.runtime_dir.SessionRuntimeDir`; None = a fresh one, removed by :meth:`stop`.
+        ``weights_dir``: the only directory the worker extension loads weights from (the session's publish
+        directory); None = any rlsdk publish directory of this user (see
+        :func:`~rlsdk.engine.inference.vllm_worker.allowed_weights_path`).
 
         Raises:
+            ValueError: the socket path is too long for a Unix socket (set ``TMPDIR`` to a shorter directory).
             InferenceServerError: the server exited during start-up, or was not healthy within ``timeout_s``
                 (it is then stopped); the message holds its exit code and last log lines.
         """
-        port = free_port(host)
-        cmd = server_command(model_path, port, host=host, max_model_len=max_model_len, extra_args=extra_args)
+        own = SessionRuntimeDir() if runtime_dir is None else None
+        directory = own.path if own is not None else str(runtime_dir)
+        # A fresh name per start: a server restarted in the same directory never meets its predecessor's socket.
+        socket_path = os.path.join(directory, f"vllm-{secrets.token_hex(4)}.sock")
+        if len(os.fsencode(socket_path)) > MAX_SOCKET_PATH:
+            if own is not None:
+                own.remove()
+            raise ValueError(
+                f"Unix socket path {socket_path!r} is longer than the {MAX_SOCKET_PATH} bytes a socket address "
+                "holds: set TMPDIR (or XDG_RUNTIME_DIR) to a shorter directory"
+            )
+        token = new_token()
+        cmd = server_command(model_path, uds=socket_path, max_model_len=max_model_len, extra_args=extra_args)
+        environment = server_environment(os.environ if env is None else env, kv_cache_gib)
+        environment[TOKEN_ENV] = token  # the environment, not argv: /proc/PID/environ is private to this user
+        if weights_dir is not None:
+            environment[WEIGHTS_DIR_ENV] = weights_dir
+        else:
+            environment.pop(WEIGHTS_DIR_ENV, None)
+        # vLLM's CPU worker forms gloo groups (world size 1 here) whose transport listens on TCP: on loopback,
+        # whatever the host name resolves to.
+        environment["GLOO_SOCKET_IFNAME"] = "lo"
         logger.debug("starting vLLM server: %s", " ".join(cmd))
         start = time.perf_counter()
-        proc = await asyncio.create_subprocess_exec(
-            *cmd,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
-            env=server_environment(os.environ if env is None else env, kv_cache_gib),
-        )
-        server = cls(proc, f"http://{host}:{port}", on_line)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+                env=environment,
+            )
+        except BaseException:
+            if own is not None:
+                own.remove()
+            raise
+        server = cls(proc, f"unix:{socket_path}", on_line, token=token, own_runtime_dir=own)
         logger.info("started vLLM server (pid %d) at %s for %s", proc.pid, server.url, model_path)
         try:
             await server.wait_healthy(timeout_s)
@@ -221,18 +316,22 @@ class VLLMServer:
         logger.info("vLLM server healthy at %s after %.1f s", server.url, server.start_seconds)
         return server
 
+    def client(self, *, timeout: Any = 10.0, limits: Any = None) -> Any:
+        """An ``httpx.AsyncClient`` for this server that carries its token (:func:`http_client`)."""
+        return http_client(self.url, token=self.token, timeout=timeout, limits=limits)
+
     async def wait_healthy(self, timeout_s: float) -> None:
         """Poll ``/health`` until it answers 200; raise InferenceServerError on exit or timeout."""
         import httpx
 
         deadline = time.monotonic() + timeout_s
-        async with httpx.AsyncClient(timeout=2.0) as client:
+        async with self.client(timeout=2.0) as client:
             while True:
                 if self.proc.returncode is not None:
                     await self._drain()
                     raise self.error("exited during start-up")
                 try:
-                    response = await client.get(f"{self.url}/health")
+                    response = await client.get("/health")
                     if response.status_code == 200:
                         return
                 except httpx.HTTPError:
@@ -304,6 +403,11 @@ class VLLMServer:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reader
+        if self.socket_path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.socket_path)
+        if self._own_runtime_dir is not None:
+            self._own_runtime_dir.remove()
         return self.proc.returncode
 
 

@@ -25,12 +25,69 @@ into that slice (:func:`read_into_parameters`; the worker keeps the mapping acro
 rewrites the same file in place, so its pages stay mapped), and the checksum is computed from the served slices
 as they are written, on threads beside the copy (:class:`ServedWeightsHasher`). There the checksum covers the
 served memory, not only what was read.
+
+Where weights may come from (:func:`allowed_weights_path`): only the directory ``RLSDK_VLLM_WEIGHTS_DIR`` names
+(the Session sets it to its publish directory when it starts the server), symbolic links resolved; without it
+(a server started by hand and attached by URL), only an rlsdk publish directory (``rlsdk-weights-*`` under
+:func:`rlsdk.engine.publish_dir.default_root`) that this user owns and no one else may enter. Who may call these
+methods at all is decided before they run: the server's bearer token (:mod:`rlsdk.engine.inference.vllm_auth`).
 """
 
 from __future__ import annotations
 
 import contextlib
 from typing import Any
+
+# The directory a server's worker extension loads published weights from (set in the server's environment).
+WEIGHTS_DIR_ENV = "RLSDK_VLLM_WEIGHTS_DIR"
+
+
+def allowed_weights_path(path: str) -> str:
+    """The real path of the published weights file ``path`` once it is known to lie where this server may load from.
+
+    Symbolic links are resolved first, so a link inside the directory that points out of it is refused. Allowed:
+    a regular file under ``$RLSDK_VLLM_WEIGHTS_DIR``; without that variable, a regular file directly in an rlsdk
+    publish directory (``rlsdk-weights-*`` under :func:`rlsdk.engine.publish_dir.default_root`, a real directory
+    owned by this process's user with no group or other access, as ``PublishDir`` creates them).
+
+    Raises:
+        PermissionError: ``path`` resolves to a place outside the allowed directory, or to something that is
+            not a regular file.
+        FileNotFoundError: there is no such file.
+    """
+    import os
+    import stat
+
+    from rlsdk.engine.publish_dir import PREFIX, default_root
+
+    real = os.path.realpath(path)
+    allowed = os.environ.get(WEIGHTS_DIR_ENV)
+    if allowed:
+        root = os.path.realpath(allowed)
+        if real == root or os.path.commonpath([real, root]) != root:
+            raise PermissionError(
+                f"weights path {path!r} (resolved: {real}) is outside {root}, the only directory this server loads "
+                f"weights from ({WEIGHTS_DIR_ENV})"
+            )
+    else:
+        parent = os.path.dirname(real)
+        info = os.lstat(parent)
+        if not (
+            os.path.basename(parent).startswith(PREFIX)
+            and os.path.dirname(parent) == os.path.realpath(default_root())
+            and stat.S_ISDIR(info.st_mode)
+            and info.st_uid == os.getuid()
+            and stat.S_IMODE(info.st_mode) & 0o077 == 0
+        ):
+            raise PermissionError(
+                f"weights path {path!r} (resolved: {real}) is not in a private rlsdk publish directory "
+                f"({os.path.join(default_root(), PREFIX)}*, owned by uid {os.getuid()}, mode 0700); start the server "
+                f"with {WEIGHTS_DIR_ENV} naming the directory it may load from"
+            )
+    if not stat.S_ISREG(os.stat(real).st_mode):
+        raise PermissionError(f"weights path {path!r} (resolved: {real}) is not a regular file")
+    return real
+
 
 # Whether keep_plain_cpu_weights() patched vLLM in this process, and the layers its patch left to vLLM (non-2-D
 # weights, which vLLM may still repack: an in-place update refuses to run when there are any).
@@ -406,7 +463,7 @@ class WeightSyncExtension:
 
         start = time.perf_counter()
         try:
-            tensors, state_dict = read_published_weights(path)
+            tensors, state_dict = read_published_weights(allowed_weights_path(path))
         except Exception as exc:
             return {"error": f"reading {path}: {type(exc).__name__}: {exc}"}
         read_s = time.perf_counter() - start
@@ -468,7 +525,7 @@ class WeightSyncExtension:
         if problem is not None:
             return {"error": f"in-place update of {path} unavailable: {problem}", "loaded": False, "unsupported": True}
         try:
-            published, reused = self._rlsdk_mapped_file(path)
+            published, reused = self._rlsdk_mapped_file(allowed_weights_path(path))
         except Exception as exc:
             return {"error": f"reading {path}: {type(exc).__name__}: {exc}", "loaded": False}
         try:

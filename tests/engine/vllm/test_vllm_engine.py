@@ -137,23 +137,22 @@ def test_vllm_sync_while_requests_are_in_flight_completes_without_losing_them(vl
 
 
 def test_vllm_failed_sync_raises_naming_version_server_and_cause_and_leaves_server_serving(
-    vllm_session: LoopSession, tmp_path: Path
+    vllm_session: LoopSession,
 ) -> None:
-    import httpx
-
     from rlsdk.engine.inference.vllm import WeightSyncError
 
     session = vllm_session.session
     engine = session.engine
     before = vllm_session.run(engine.weight_info())
-    missing = tmp_path / "no-such-weights.safetensors"
+    missing = Path(session._publish_dir) / "no-such-weights.safetensors"
 
     with pytest.raises(WeightSyncError) as info:
         vllm_session.run(engine.load_weights(str(missing), 999))
 
     message = str(info.value)
     assert "v999" in message and engine.url in message and "no-such-weights" in message
-    assert httpx.get(f"{engine.url}/is_paused", timeout=10).json() == {"is_paused": False}
+    assert "FileNotFoundError" in message
+    assert vllm_session.run(engine._get("/is_paused", timeout_s=10)) == {"is_paused": False}
     assert vllm_session.run(engine.weight_info()) == before
     result = vllm_session.run(engine.generate(_prompt_ids(vllm_session, 2), SamplingParams(max_new_tokens=3)))
     assert set(result.versions_B_C[result.completion_mask_B_C].tolist()) == {before.version}
@@ -168,7 +167,7 @@ def test_vllm_attach_by_url_serves_the_same_weights_and_close_leaves_the_server_
     served = vllm_session.run(session.engine.weight_info())
 
     async def attach_generate_close() -> tuple[object, object]:
-        engine = await VLLMEngine.attach(session.engine.url, str(vllm_model_dir))
+        engine = await VLLMEngine.attach(session.engine.url, str(vllm_model_dir), token=session.engine.server.token)
         try:
             info = await engine.weight_info()
             result = await engine.generate(_prompt_ids(vllm_session, 2), SamplingParams(max_new_tokens=3))

@@ -11,10 +11,11 @@ import torch
 
 from rlsdk.engine.inference.inplace_transfer import InPlaceWeightTransfer
 from rlsdk.engine.inference.protocol import SamplingParams
+from rlsdk.engine.publish_dir import PublishDir
 
 
 def test_vllm_inplace_sync_serves_the_trainers_weights_by_checksum_and_logprobs_within_1e_4(
-    vllm_model_dir: Path, tmp_path: Path
+    vllm_model_dir: Path,
 ) -> None:
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM
@@ -29,20 +30,24 @@ def test_vllm_inplace_sync_serves_the_trainers_weights_by_checksum_and_logprobs_
     params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=7)
 
     async def scenario() -> tuple[list[Any], list[dict[str, Any]], Any]:
-        engine = await VLLMEngine.start(str(vllm_model_dir), kv_cache_gib=1, transfer=InPlaceWeightTransfer())
+        publish = PublishDir()  # the server loads weights only from its weights directory
+        engine = await VLLMEngine.start(
+            str(vllm_model_dir), kv_cache_gib=1, transfer=InPlaceWeightTransfer(), weights_dir=publish.path
+        )
         infos, syncs = [], []
         try:
             for version in (1, 2):
                 with torch.no_grad():
                     for param in model.parameters():
                         param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(version)) * 0.05)
-                path = tmp_path / f"v{version}.safetensors"
+                path = Path(publish.path) / f"v{version}.safetensors"
                 save_model(model, str(path))
                 infos.append((await engine.load_weights(str(path), version), state_dict_checksum(model.state_dict())))
                 syncs.append(dict(engine.last_sync))
             result = await engine.generate(prompts, params)
         finally:
             await engine.close()
+            publish.remove()
         return infos, syncs, result
 
     infos, syncs, result = asyncio.run(asyncio.wait_for(scenario(), 600))
