@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from rlsdk.engine.inference.embedded import model_token_ids
 from rlsdk.engine.inference.protocol import GenerateResult, SamplingParams, WeightInfo
 from rlsdk.engine.inference.sampling import _validate_params
+from rlsdk.engine.inference.stopping import SpecialTokens, check_stop_strings, resolve_special_tokens
 from rlsdk.engine.inference.vllm_server import SERVED_MODEL_NAME, InferenceServerError, VLLMServer
 from rlsdk.engine.inference.weight_transfer import FileWeightTransfer, WeightTransfer
 from rlsdk.observe.logging import get_logger
@@ -101,6 +101,7 @@ class VLLMEngine:
         url: str,
         *,
         pad_token_id: int,
+        eos_token_ids: Sequence[int] = (),
         server: VLLMServer | None = None,
         transfer: WeightTransfer | None = None,
         request_timeout_s: float = 600.0,
@@ -112,6 +113,9 @@ class VLLMEngine:
         self.server = server
         self.transfer: WeightTransfer = transfer if transfer is not None else FileWeightTransfer()
         self._pad_token_id = int(pad_token_id)
+        # Sent as every request's stop_token_ids: vLLM's own EOS handling reads the tokenizer's one id (and the
+        # generation config only with --generation-config auto), so the model's other EOS ids are named here.
+        self._eos_token_ids = [int(i) for i in eos_token_ids]
         self._request_timeout_s = request_timeout_s
         self._sync_timeout_s = sync_timeout_s
         self._client = httpx.AsyncClient(
@@ -137,8 +141,11 @@ class VLLMEngine:
         sync_timeout_s: float = 120.0,
         on_line: Callable[[str], None] | None = None,
         transfer: WeightTransfer | None = None,
+        special_tokens: SpecialTokens | None = None,
     ) -> VLLMEngine:
         """Start a vLLM server for ``model_path`` on 127.0.0.1 (free port) and return an engine serving v0.
+        ``special_tokens``: the pad and EOS ids (default: resolved from ``model_path``, see
+        :func:`~rlsdk.engine.inference.stopping.resolve_special_tokens`); every EOS id stops a completion.
 
         Raises:
             ValueError: the model's head size is not supported by vLLM's CPU attention (checked before start).
@@ -148,7 +155,7 @@ class VLLMEngine:
         # Default: vLLM's reload (oneDNN-packed weights: fastest generation). InPlaceWeightTransfer syncs faster but
         # its plain F.linear weights generate ~2x slower on CPU (docs/howto/vllm.md, "Measured here").
         transfer = transfer if transfer is not None else FileWeightTransfer()
-        pad_token_id, _ = model_token_ids(model_path)
+        special = special_tokens if special_tokens is not None else resolve_special_tokens(model_path)
         server = await VLLMServer.start(
             model_path,
             kv_cache_gib=kv_cache_gib,
@@ -159,7 +166,8 @@ class VLLMEngine:
         )
         engine = cls(
             server.url,
-            pad_token_id=pad_token_id,
+            pad_token_id=special.pad_token_id,
+            eos_token_ids=special.eos_token_ids,
             server=server,
             transfer=transfer,
             request_timeout_s=request_timeout_s,
@@ -181,6 +189,7 @@ class VLLMEngine:
         request_timeout_s: float = 600.0,
         sync_timeout_s: float = 120.0,
         transfer: WeightTransfer | None = None,
+        special_tokens: SpecialTokens | None = None,
     ) -> VLLMEngine:
         """Use a running server at ``url`` (started with VLLM_SERVER_DEV_MODE=1, ``--enable-scale-out``,
         ``--logprobs-mode processed_logprobs`` and ``--worker-extension-cls`` rlsdk's extension; see
@@ -189,10 +198,11 @@ class VLLMEngine:
         Raises:
             RuntimeError: the server does not answer, is not in dev mode, or lacks rlsdk's worker extension.
         """
-        pad_token_id, _ = model_token_ids(model_path)
+        special = special_tokens if special_tokens is not None else resolve_special_tokens(model_path)
         engine = cls(
             url,
-            pad_token_id=pad_token_id,
+            pad_token_id=special.pad_token_id,
+            eos_token_ids=special.eos_token_ids,
             transfer=transfer,
             request_timeout_s=request_timeout_s,
             sync_timeout_s=sync_timeout_s,
@@ -271,6 +281,12 @@ class VLLMEngine:
             "top_k": params.top_k,
             "logprobs": 0,
         }
+        if self._eos_token_ids:
+            sampling["stop_token_ids"] = self._eos_token_ids
+        if params.stop:
+            # vLLM matches them on the detokenised output; the token completing one stays in token_ids (the
+            # trainer trains on it), the text (not read here) would exclude the string.
+            sampling["stop"] = list(params.stop)
         if seed is not None:
             sampling["seed"] = seed  # vLLM gives the n children seeds seed, seed + 1, ...
         body = await self._post(
@@ -298,6 +314,7 @@ class VLLMEngine:
             RuntimeError / TimeoutError / ConnectionError: the server rejected or did not answer a request.
         """
         _validate_params(params.max_new_tokens, params.temperature, params.top_k, params.top_p)
+        check_stop_strings(params.stop)
         prompts = [list(ids) for ids in prompt_ids]
         if not prompts:
             raise ValueError("prompt_ids is empty: need at least one prompt")
