@@ -6,7 +6,7 @@ SIGKILL) and :meth:`VLLMServer.stop` takes down every process it started. Its ou
 ``on_line`` callback (the Session routes it into the log stream with role ``inference``) and the last lines are
 kept for error messages.
 
-Serve flags that matter on CPU (measured, see docs/vllm.md): ``--dtype float32`` (else bf16, logprobs drift
+Serve flags that matter on CPU (measured, see docs/howto/vllm.md): ``--dtype float32`` (else bf16, logprobs drift
 ~0.27 from an fp32 trainer), ``--no-enable-chunked-prefill`` (else seeded batched requests crash the engine),
 ``--enforce-eager`` (start ~30-45 s instead of 40-100 s).
 """

@@ -5,7 +5,7 @@ mixes it into its worker class, and the client calls its methods through the dev
 endpoint. This module is imported inside the vLLM worker process; it must not import vLLM at module level (the
 controller imports it without vLLM) nor anything heavy from rlsdk.
 
-What the checksum covers (see docs/vllm.md): :func:`rlsdk.engine.weights.state_dict_checksum` over the tensors the
+What the checksum covers (see docs/howto/vllm.md): :func:`rlsdk.engine.weights.state_dict_checksum` over the tensors the
 worker read from the published safetensors file and handed to vLLM's ``reload_weights``, under the trainer's
 parameter names, tied-weight aliases restored from the file's metadata exactly as ``safetensors.torch.load_model``
 restores them; it is recorded only after ``reload_weights`` returned. So equal checksums prove the server loaded
