@@ -26,7 +26,8 @@ def progress_sink() -> Callable[[int], None] | None:
     return _SINK.get()
 
 
-def _make_bar(**kwargs: Any) -> Any:
+def make_bar(**kwargs: Any) -> Any:
+    """A ``tqdm.auto`` bar (a widget in Jupyter, text elsewhere) with ``kwargs``; text when ipywidgets is missing."""
     from tqdm.auto import tqdm
 
     try:
@@ -54,7 +55,7 @@ class PhaseProgress:
         if enabled is None:
             enabled = in_jupyter()
         if enabled:
-            self._bar = _make_bar(total=len(self.phases), desc=desc, unit="phase", leave=True)
+            self._bar = make_bar(total=len(self.phases), desc=desc, unit="phase", leave=True)
         self._done = 0
 
     def __call__(self, phase: str) -> None:
@@ -171,7 +172,7 @@ class CallProgress:
     def _tick(self) -> None:
         try:
             if self._bar is None:
-                self._bar = _make_bar(total=self.total, desc=self.desc, unit=self.unit, leave=False)
+                self._bar = make_bar(total=self.total, desc=self.desc, unit=self.unit, leave=False)
             self._refresh()
         finally:
             if self._timer is not None:  # still inside the call

@@ -4,14 +4,27 @@ Llama-3-Instruct), ``save_pretrained`` directories. Nothing downloads.
 
 The weights are random except for a *script*: for each scripted token ``t`` the model's next token is
 ``script[t]`` with probability ~1 (even at temperature 1), so tests can tell exactly where a completion must
-stop. How: token ``t``'s embedding is one large coordinate in a dimension of its own (random layers barely move
-the residual stream), and the unembedding row of ``script[t]`` reads that dimension.
+stop; :func:`run_stop_scenario` drives a real Session through it on any engine. How: token ``t``'s embedding is
+one large coordinate in a dimension of its own (random layers barely move the residual stream), and the
+unembedding row of ``script[t]`` reads that dimension.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+from rlsdk.config import (
+    DataConfig,
+    InferenceConfig,
+    LaunchConfig,
+    ModelConfig,
+    ObserveConfig,
+    RolloutConfig,
+    SessionConfig,
+    TrainConfig,
+)
 
 # The special tokens: BOS, the tokenizer's EOS, and two more EOS ids only generation_config.json lists.
 BOS = "<|begin|>"
@@ -116,3 +129,66 @@ def build_llama_policy(
     model.save_pretrained(directory)
     GenerationConfig(bos_token_id=token_id(BOS), eos_token_id=eos_ids).save_pretrained(directory)
     return directory
+
+
+# prompt -> (expected completion tokens, expected completion text, finish reason) with rollout.stop = ("cd",)
+STOP_SCENARIO = {
+    "p": ([EOS], "", "eos"),
+    "q": ([EOT], "", "eos"),
+    "r": ([EOM], "", "eos"),
+    "s": (["a", "b", "c", "d"], "ab", "stop"),  # 'd' completes "cd": kept as the last token, text cut before
+}
+
+
+def stop_scenario_config(model_dir: Path, output_dir: Path, engine: str) -> SessionConfig:
+    """A small Session config (2 ranks, groups of 2, ``rollout.stop=("cd",)``) for the scripted model."""
+    return SessionConfig(
+        model=ModelConfig(path=str(model_dir)),
+        launch=LaunchConfig(num_ranks=2, start_timeout_s=180.0, heartbeat_interval_s=0.5, heartbeat_timeout_s=30.0),
+        inference=InferenceConfig(engine=engine, server_start_timeout_s=300.0),  # type: ignore[arg-type]
+        train=TrainConfig(lr=1e-3, micro_batch_size=8),
+        rollout=RolloutConfig(group_size=2, max_new_tokens=8, stop=("cd",)),
+        data=DataConfig(prompts_per_step=4, num_examples=16),
+        observe=ObserveConfig(output_dir=str(output_dir), console=False),
+    )
+
+
+def length_reward(completions: list[str], **_: Any) -> list[float]:
+    """The completion text's length: any reward will do to run an update."""
+    return [float(len(text)) for text in completions]
+
+
+async def run_stop_scenario(session: Any) -> dict[str, Any]:
+    """One rollout of the scripted prompts, then reward, update and sync: what each sample ended with."""
+    tokenizer = session.tokenizer
+    rollout = await session.rollout(list(STOP_SCENARIO))
+    lengths = rollout.completion_mask_B_C.sum(dim=1).tolist()
+    tokens = [tokenizer.convert_ids_to_tokens(ids[:n]) for ids, n in zip(rollout.completion_ids_B_C.tolist(), lengths)]
+    padding = [ids[n:] for ids, n in zip(rollout.completion_ids_B_C.tolist(), lengths)]
+    rollout = await session.reward(rollout, length_reward)
+    stats = await session.update(rollout)
+    info = await session.sync_weights()
+    return {
+        "tokens": tokens,
+        "texts": list(rollout.completions),
+        "reasons": list(rollout.info["finish_reasons"]),
+        "padding": padding,
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_ids": session.special_tokens.eos_token_ids,
+        "eos_ids": tokenizer.convert_tokens_to_ids([EOS, EOT, EOM]),
+        "stats": stats,
+        "synced": (info.version, session.versions.trainer_version),
+    }
+
+
+def check_stop_scenario(out: dict[str, Any], group_size: int = 2) -> None:
+    """Raise AssertionError where :func:`run_stop_scenario`'s result departs from :data:`STOP_SCENARIO`."""
+    expected = [value for value in STOP_SCENARIO.values() for _ in range(group_size)]
+    assert out["tokens"] == [tokens for tokens, _, _ in expected]
+    assert out["texts"] == [text for _, text, _ in expected]
+    assert out["reasons"] == [reason for _, _, reason in expected]
+    assert out["pad_token_id"] == out["eos_ids"][0]  # pad = EOS: the tokenizer had none
+    assert list(out["eos_token_ids"]) == out["eos_ids"]
+    assert all(set(rest) <= {out["pad_token_id"]} for rest in out["padding"])
+    assert out["stats"]["completion/eos_rate"] == 0.75 and out["stats"]["completion/stop_rate"] == 0.25
+    assert out["synced"] == (1, 1)
