@@ -92,3 +92,13 @@ def test_entropy_bonus_ratio_compares_bonus_with_advantage_scale() -> None:
     assert entropy_bonus_ratio(0.0, 2.5, advantages_B) == 0.0
     assert math.isinf(entropy_bonus_ratio(0.1, 2.5, torch.zeros(4)))
     assert suggested_entropy_coef(advantages_B, 2.5) == pytest.approx(0.01)
+
+
+def test_render_samples_html_shows_the_latest_samples_table_escaped() -> None:
+    from rlsdk.observe.dashboard import render_samples_html
+
+    text = samples_markdown(_rollout([[5, 0, 0, 0]] * 4, [1] * 4), count=1)
+
+    out = render_samples_html({"samples": (7, text)})
+
+    assert "(step 7)" in out and "<th>prompt</th>" in out and "<td>p0|x</td>" in out and "---" not in out
