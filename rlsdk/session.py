@@ -172,13 +172,41 @@ async def _check_before_start(config: SessionConfig) -> tuple[tuple[Path, dict[s
     """Everything :meth:`Session.start` checks before a process starts: model path, checkpoint, data set, the
     model's special tokens. Records logged meanwhile (e.g. prompts dropped by ``data.max_prompt_tokens``) are kept
     and shown once the Session's logging is set up."""
+    from rlsdk.data.prepare import data_needs_tokenizer
+
     check_model_dir(config.model.path)
     resume = await asyncio.to_thread(load_resume_state, config)
-    dataset, tokenizer = await asyncio.to_thread(check_data, config)
+    dataset = tokenizer = None
+    if config.data.task == "file" or data_needs_tokenizer(config.data):
+        dataset, tokenizer = await asyncio.to_thread(check_data, config)
+    # else: a generated task, valid by construction (its fields are checked by DataConfig): built while the ranks
+    # start (Session._start_engine), off the start-up's critical path (the `datasets` import and the rows).
     if tokenizer is None:
         tokenizer = await asyncio.to_thread(check_model_files, config)
     special = await asyncio.to_thread(check_special_tokens, config, tokenizer)
     return resume, dataset, tokenizer, special
+
+
+def rank_startup_seconds(launched: float, marks: Sequence[dict[str, float] | None]) -> dict[str, float]:
+    """Where the ranks' start-up went, from the wall-clock marks each rank reports with ``init`` (see
+    ``rlsdk.worker.main``) and ``launched`` (``time.time()`` when the launcher was started): the slowest rank's
+    ``launcher`` (until its process existed: the launcher's imports and torchrun), ``rank_imports`` (Python and
+    torch imports), ``rank_connect`` (control channel), ``process_group`` (rendezvous, accelerate) and
+    ``train_engine`` (model and optimizer). Empty when a rank reported none (an older worker)."""
+    if not marks or any(m is None for m in marks):
+        return {}
+    spans = {
+        "launcher": ("launched", "process_start"),
+        "rank_imports": ("process_start", "imported"),
+        "rank_connect": ("imported", "connected"),
+        "process_group": ("connected", "process_group"),
+        "train_engine": ("init_begin", "init_end"),
+    }
+    out: dict[str, float] = {}
+    for name, (first, last) in spans.items():
+        values = [m[last] - (launched if first == "launched" else m[first]) for m in marks if m is not None]
+        out[f"ranks/{name}"] = max(values)
+    return out
 
 
 class Session:
@@ -237,6 +265,10 @@ class Session:
         self._early_records: list[logging.LogRecord] = []  # see start(): shown once logging is set up
         self._entropy_checked = False  # see _check_entropy_bonus
         self._held_out: dict[int, list[dict[str, Any]]] = {}  # evaluate(None, ...)'s rows by num_prompts
+        # Seconds each part of start() and close() took (see rank_startup_seconds): the start bar's phases, the
+        # ranks' own start-up, the overlapped engine load; benchmarks/session_overhead.py reports them.
+        self.start_seconds: dict[str, float] = {}
+        self.close_seconds: dict[str, float] = {}
 
     # ------------------------------------------------------------------ start / close
     @classmethod
@@ -254,10 +286,12 @@ class Session:
         """
         if not isinstance(config, SessionConfig):
             raise TypeError(f"Session.start needs a SessionConfig, got {type(config).__name__}")
+        began = time.perf_counter()
         with capture_records(config.observe.log_level) as early:
             checked = await _check_before_start(config)
         session = cls(config)
         session._early_records = early
+        session.start_seconds["checks"] = time.perf_counter() - began
         await session._start_checked(checked, progress=progress, desc="Session.start")
         return session
 
@@ -267,15 +301,17 @@ class Session:
         from rlsdk.observe.progress import START_PHASES, PhaseProgress
 
         self._resume, self._dataset, self.tokenizer, self.special_tokens = checked
-        self._phase = PhaseProgress(START_PHASES, desc=desc, enabled=progress)
+        phases = self._phase = PhaseProgress(START_PHASES, desc=desc, enabled=progress)
         try:
             await self._start()
         except BaseException:
             await self.close()
             raise
         finally:
-            self._phase.close()
+            phases.close()
             self._phase = lambda _phase: None
+        # The bar's phases (wall time on the controller), then where the ranks spent theirs (rank_startup_seconds).
+        self.start_seconds.update({f"phase/{name}": value for name, value in phases.seconds.items()})
 
     async def restart(self, *, resume_from: str | None = "latest", progress: bool | None = None) -> Path | None:
         """Stop every process of the run (failed, hung or healthy ranks, the inference server) and start new ones,
@@ -371,6 +407,8 @@ class Session:
             },
         )
         self._phase("launching ranks")
+        self.start_seconds["setup"] = time.perf_counter() - t0
+        launched = time.time()
         self._launcher = await start_launcher(
             cfg.launch, env, output_dir=self.output_dir, on_line=self._launcher_line, config=cfg
         )
@@ -387,12 +425,14 @@ class Session:
             if self._resume is not None:
                 init["resume_from"] = str(self._resume[0])
             results = await self._channel.broadcast("init", init, timeout_s=cfg.launch.start_timeout_s)
+            self.start_seconds.update(rank_startup_seconds(launched, [r.pop("startup", None) for r in results]))
             # Liveness from here on: during start-up the ranks import and load while holding the GIL for long
             # stretches (their heartbeats wait), and launch.start_timeout_s bounds it.
             self._liveness = asyncio.get_running_loop().create_task(self._watch_heartbeats())
         finally:
             await engine_task
         trainer = results[0]
+        self._phase("verifying weights")
         if self._resume is not None:
             self._restore(self._resume[0], self._resume[1], trainer)
         self.versions.trainer_checksum = trainer["checksum"]
@@ -411,12 +451,14 @@ class Session:
                 )
             self.versions.record_sync(engine_info.version, engine_info.checksum, 0.0)
         self._phase("ready")
+        self.start_seconds["total"] = time.perf_counter() - t0 + self.start_seconds.get("checks", 0.0)
         logger.info(
-            "session ready in %.1f s: %d ranks, engine %s, output %s",
-            time.perf_counter() - t0,
+            "session ready in %.1f s: %d ranks, engine %s, output %s (%s)",
+            self.start_seconds["total"],
             cfg.launch.num_ranks,
             cfg.inference.engine,
             self.output_dir,
+            ", ".join(f"{k} {v:.2f} s" for k, v in self.start_seconds.items() if k != "total"),
         )
 
     def _restore(self, directory: Path, state: dict[str, Any], trainer: dict[str, Any]) -> None:
@@ -452,6 +494,13 @@ class Session:
         )
 
     async def _start_engine(self) -> None:
+        began = time.perf_counter()
+        try:
+            await self._start_engine_parts()
+        finally:
+            self.start_seconds["engine_load (overlapped)"] = time.perf_counter() - began
+
+    async def _start_engine_parts(self) -> None:
         from transformers import AutoTokenizer
 
         from rlsdk.data import PromptSampler
@@ -753,11 +802,20 @@ class Session:
         if self._closed:
             return
         self._closing = True
+        began = mark = time.perf_counter()
+
+        def lap(name: str) -> None:
+            nonlocal mark
+            now = time.perf_counter()
+            self.close_seconds[name] = now - mark
+            mark = now
+
         await self._stop_prefetch()
         hung = getattr(self._channel, "hung", None)
         if hung is not None:  # terminating a hung command: its ranks are shut down below
             hung.task.cancel()
             self._channel.hung = None
+        lap("prefetch")
         if self._channel is not None:
             with contextlib.suppress(Exception):
                 await self._channel.shutdown_ranks()
@@ -765,6 +823,7 @@ class Session:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._launcher.proc.wait()), timeout=5.0)
             await self._launcher.stop()
+        lap("ranks_exit")
         for task in (self._liveness,):
             if task is not None:
                 task.cancel()
@@ -780,8 +839,10 @@ class Session:
             self._engine_watch.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._engine_watch
+        lap("channel")
         if self.engine is not None:
             await self.engine.close()
+        lap("engine")
         if self._restore_threads is not None:
             self._restore_threads()
             self._restore_threads = None
@@ -794,6 +855,8 @@ class Session:
             logging.getLogger(ROOT_LOGGER).removeHandler(self._log_handler)
         if self._router is not None:
             self._router.close()
+        lap("metrics_logs")
+        self.close_seconds["total"] = time.perf_counter() - began
         self._closed = True
 
     async def __aenter__(self) -> Session:

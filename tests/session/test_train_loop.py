@@ -55,6 +55,7 @@ def test_session_train_honours_config_fields_then_arguments_and_auto_resume_cont
             out["sampled"] = await session.evaluate(None, reverse_reward, n=4, greedy=False, num_prompts=3)
             with pytest.raises(ValueError, match="greedy"):
                 await session.evaluate(held_out, reverse_reward, n=2)
+        out["start_seconds"], out["close_seconds"] = dict(session.start_seconds), dict(session.close_seconds)
         out["stats"] = stats
         auto = dataclasses.replace(loop_config, train=dataclasses.replace(loop_config.train, resume_from="auto"))
         async with await Session.start(auto) as resumed:
@@ -88,6 +89,10 @@ def test_session_train_honours_config_fields_then_arguments_and_auto_resume_cont
     assert step["completion/eos_rate"] + step["completion/stop_rate"] + step["completion/truncated_rate"] == (
         pytest.approx(1.0)
     )
+    for key in ("checks", "ranks/launcher", "ranks/rank_imports", "ranks/train_engine", "phase/initialising ranks",
+                "total"):  # fmt: skip
+        assert key in out["start_seconds"], key
+    assert {"ranks_exit", "engine", "total"} <= set(out["close_seconds"])
     assert out["resumed"][0] is not None and out["resumed"][0].name == "step_5" and out["resumed"][1] == 5
     assert out["resumed_train"].steps == 0 and out["resumed_train"].checkpoints == []
     controller_log = (Path(loop_config.observe.output_dir) / "logs" / "controller.log").read_text()
@@ -122,3 +127,38 @@ def test_train_config_eval_every_negative_raises_naming_field() -> None:
 
     assert info.value.field == "TrainConfig.eval_every"
     assert TrainConfig().eval_every == 0  # never, unless asked
+
+
+def test_session_train_in_async_rollout_mode_trains_and_checkpoints(small_config: SessionConfig) -> None:
+    config = dataclasses.replace(
+        small_config, rollout=dataclasses.replace(small_config.rollout, mode="async", max_staleness=1)
+    )
+
+    async def scenario():
+        async with await Session.start(config) as session:
+            summary = await session.train(reverse_reward, steps=3, checkpoint_every=2, progress=False)
+            return summary, session.versions.trainer_version
+
+    summary, version = asyncio.run(scenario())
+
+    assert (summary.steps, version) == (3, 3)
+    assert _steps(summary.checkpoints) == ["step_2", "step_3"]
+
+
+def test_rank_startup_seconds_takes_the_slowest_rank_of_each_span() -> None:
+    from rlsdk.session import rank_startup_seconds
+
+    marks = [
+        {"process_start": 11.0, "imported": 13.0, "connected": 13.5, "process_group": 14.0, "init_begin": 14.1,
+         "init_end": 16.0},
+        {"process_start": 12.0, "imported": 13.0, "connected": 13.2, "process_group": 14.0, "init_begin": 14.1,
+         "init_end": 15.0},
+    ]  # fmt: skip
+
+    spans = rank_startup_seconds(10.0, marks)
+
+    assert spans == pytest.approx(
+        {"ranks/launcher": 2.0, "ranks/rank_imports": 2.0, "ranks/rank_connect": 0.5, "ranks/process_group": 0.8,
+         "ranks/train_engine": 1.9}
+    )  # fmt: skip
+    assert rank_startup_seconds(10.0, [marks[0], None]) == {}
