@@ -49,7 +49,7 @@ def parse_cli(
             # Keep the dotted field; say which of possibly several files it came from.
             raise ConfigError(err.field, err.value, f"{err.allowed} [in --config {path}]") from None
     description = f"{description}\n\n{_CONFIG_HELP}" if description else _CONFIG_HELP
-    differences = recipe_differences(default)
+    differences = recipe_differences(default) if isinstance(default, SessionConfig) else []
     if differences:
         lines = [f"  --{flag} {value!r}  (library default: {library!r})" for flag, value, library in differences]
         description += (
