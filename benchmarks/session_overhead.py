@@ -5,8 +5,12 @@
    init, batch (16 prompts x 16 samples) and seed. Target: ratio <= 1.5.
 2. No-op command round trip through the Session's control channel to 2 and 4 ranks against a raw pyzmq
    ROUTER/DEALER round trip to the same number of peer processes. Target: ratio <= 3.
+3. ``Session.start`` and ``Session.close`` of the default recipe's config (2 ranks, embedded engine), each phase
+   (``Session.start_seconds`` / ``close_seconds``: pre-start checks, launcher, the ranks' imports, process group,
+   train engine, the overlapped engine load; ranks' exit). Targets: ready <= 5 s, close <= 1 s (medians).
 
-``--quick`` (a smoke test, not a measurement): 1 repetition of 5 steps, the no-op round trip to 2 ranks only.
+``--quick`` (a smoke test, not a measurement): 1 repetition of 5 steps, the no-op round trip to 2 ranks only, one
+start/close.
 
 Systems run interleaved (A B A B ...); each repetition starts from the same initial weights. Thread settings:
 the bare loop uses all cores (``torch.set_num_threads(os.cpu_count())``); the Session gives each rank 1 thread
@@ -90,6 +94,13 @@ async def session_noop_us(config: SessionConfig, iterations: int, reps: int, raw
     return raw, ours
 
 
+async def start_close_seconds(config: SessionConfig) -> tuple[dict[str, float], dict[str, float]]:
+    """One Session.start then close, with their phases (seconds)."""
+    session = await Session.start(config)
+    await session.close()
+    return dict(session.start_seconds), dict(session.close_seconds)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="few repetitions: a smoke test, not a measurement")
@@ -136,8 +147,25 @@ def main() -> None:
             {"name": f"Session.call('noop'), {ranks} ranks", **session_s, "ratio": ratio},
         ]
     print_table("no-op command round trip", rows, "us")
+    starts: dict[str, list[float]] = {}
+    closes: dict[str, list[float]] = {}
+    for rep in range(reps):
+        config = session_config(model_dir, work / f"start-{rep}", 2, args.seed)
+        started, closed = asyncio.run(start_close_seconds(config))
+        for name, value in started.items():
+            starts.setdefault(name, []).append(value)
+        for name, value in closed.items():
+            closes.setdefault(name, []).append(value)
+    start_phases = {name: summarize(values) for name, values in starts.items()}
+    close_phases = {name: summarize(values) for name, values in closes.items()}
+    print_table("Session.start phases (s)", [{"name": k, **v} for k, v in start_phases.items()], "s")
+    print_table("Session.close phases (s)", [{"name": k, **v} for k, v in close_phases.items()], "s")
+    ready, close = start_phases["total"]["median"], close_phases["total"]["median"]
     noop_ratios = " / ".join(f"{entry['ratio']:.2f} @{ranks}" for ranks, entry in noop.items())
-    print(f"\ntargets: step-time ratio {step_ratio:.2f} (<= 1.5), no-op ratio {noop_ratios} ranks (<= 3)")
+    print(
+        f"\ntargets: step-time ratio {step_ratio:.2f} (<= 1.5), no-op ratio {noop_ratios} ranks (<= 3), "
+        f"ready {ready:.1f} s (<= 5), close {close:.2f} s (<= 1)"
+    )
     write_json(
         args.json,
         {
@@ -146,6 +174,8 @@ def main() -> None:
             "threads": {"bare": os.cpu_count(), "session_rank": 1, "session_engine": "process default"},
             "step_ms": {"bare": bare, "session": ours, "ratio": step_ratio, "steps": steps, "warmup": warmup},
             "noop": noop,
+            "start_s": {"phases": start_phases, "ready_median": ready, "target": 5.0},
+            "close_s": {"phases": close_phases, "close_median": close, "target": 1.0},
         },
     )
 

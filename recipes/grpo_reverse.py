@@ -19,7 +19,8 @@ The loop is rollout -> reward -> update -> sync, one optimizer step per rollout 
   with ``--inference.engine colocated`` (10.7 s; 231/232 steps, 6.7/7.0 s on seeds 1/2), 238 with
   ``--inference.engine vllm``;
 - one policy update per batch, so the PPO ratio is ~1 and clipping only guards against engine/trainer drift;
-- training stops early once the moving mean reward reaches ``train.target_reward``.
+- training stops early once the moving mean reward reaches ``train.target_reward`` (the library loop,
+  ``Session.train``, honours it, as it does ``train.max_steps``, ``checkpoint_every`` and ``eval_every``).
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-
-from tqdm.auto import tqdm
 
 from rlsdk import Session
 from rlsdk.config import (
@@ -72,45 +71,23 @@ async def main(config: SessionConfig) -> dict[str, object]:
         build_tiny_policy(DEFAULT_VLLM_MODEL, seed=config.seed, num_heads=2)
     if config.model.path == DEFAULT_MODEL and not Path(DEFAULT_MODEL, "config.json").is_file():
         build_tiny_policy(DEFAULT_MODEL, seed=config.seed)
-    rewards: list[float] = []
-    window = config.observe.moving_average
-    target = config.train.target_reward
     start = time.perf_counter()
     async with await Session.start(config) as session:
-        # Resumed (--train.resume-from): continue at the checkpoint's step, up to the same max_steps.
-        progress = tqdm(total=config.train.max_steps, initial=session.step, desc="GRPO", unit="step")
-        moving = 0.0
-        for step in range(session.step + 1, config.train.max_steps + 1):
-            rollout = await session.rollout()
-            rollout = await session.reward(rollout, reverse_reward)
-            stats = await session.update(rollout)
-            await session.sync_weights()
-            rewards.append(stats["reward/mean"])
-            moving = sum(rewards[-window:]) / len(rewards[-window:])
-            progress.update(1)
-            progress.set_postfix(
-                reward=f"{moving:.3f}",
-                loss=f"{stats['train/loss']:.4f}",
-                version=session.versions.engine_version,
-            )
-            if config.train.checkpoint_every and step % config.train.checkpoint_every == 0:
-                await session.save_checkpoint()
-            if target is not None and len(rewards) >= window and moving >= target:
-                break
-        progress.close()
-        checkpoint = await session.save_checkpoint()
+        # The library loop: train.max_steps (a resumed run continues up to it), train.checkpoint_every,
+        # train.eval_every and train.target_reward, with a progress bar; a final checkpoint.
+        result = await session.train(reverse_reward)
         output_dir = session.output_dir
-    seconds = time.perf_counter() - start
     summary = {
-        "steps": len(rewards),
-        "final_moving_reward": moving,
-        "reached_target": target is not None and moving >= target,
-        "seconds": seconds,
-        "checkpoint": str(checkpoint),
+        "steps": result.steps,
+        "final_moving_reward": result.final_reward,
+        "reached_target": result.reached_target,
+        "reached_target_at": result.reached_target_at,
+        "seconds": time.perf_counter() - start,
+        "checkpoint": str(result.checkpoints[-1]) if result.checkpoints else None,
         "tensorboard": str(output_dir / "tensorboard"),
         "logs": str(output_dir / "logs"),
     }
-    print_summary(rewards, summary, window)
+    print_summary(result.rewards, summary, config.observe.moving_average)
     return summary
 
 

@@ -26,8 +26,6 @@ import statistics
 import time
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from rlsdk import Session
 from rlsdk.config import (
     AlgorithmConfig,
@@ -73,6 +71,7 @@ def lookup_workflow(session: Session, env: EnvFn = lookup_env) -> MultiTurnWorkf
         parse_call=lookup_call,
         call_end=TOOL_CALL,
         format_output=lookup_output,
+        eos_token_ids=session.special_tokens.eos_token_ids,
     )
 
 
@@ -80,24 +79,18 @@ async def main(config: SessionConfig) -> dict[str, object]:
     if config.model.path == DEFAULT_MODEL and not Path(DEFAULT_MODEL, "config.json").is_file():
         build_tiny_policy(DEFAULT_MODEL, seed=config.seed)
     answers: list[float] = []
-    calls: list[float] = []
+    calls: list[float] = []  # the 'called' reward is 1 when the tool was called (and answered): calls per sample
+
+    def record(stats: dict[str, float]) -> None:
+        answers.append(stats["reward/answer"])
+        calls.append(stats["reward/called"])
+
     window = config.observe.moving_average
-    target = config.train.target_reward
     start = time.perf_counter()
     async with await Session.start(config) as session:
         session.workflow = lookup_workflow(session)
-        progress = tqdm(total=config.train.max_steps, initial=session.step, desc="tool lookup", unit="step")
-        for _ in range(session.step + 1, config.train.max_steps + 1):
-            rollout = await session.reward(await session.rollout(), REWARD)
-            stats = await session.update(rollout)
-            await session.sync_weights()
-            answers.append(stats["reward/answer"])
-            calls.append(sum(rollout.info["num_tool_calls"]) / rollout.num_samples)
-            progress.update(1)
-            progress.set_postfix(answer=f"{statistics.fmean(answers[-window:]):.3f}", calls=f"{calls[-1]:.2f}")
-            if target is not None and len(answers) >= window and statistics.fmean(answers[-window:]) >= target:
-                break
-        progress.close()
+        # train.target_reward applies to the answer reward alone (the 'called' shaping term is not the task)
+        await session.train(REWARD, target_metric="reward/answer", on_step=record)
     summary = {
         "steps": len(answers),
         "first_answer_reward": statistics.fmean(answers[:window]),

@@ -1,8 +1,10 @@
 """``rlsdk`` command line: ``rlsdk run RECIPE.py [--section.field VALUE ...] [--config FILE.yaml]``,
 ``rlsdk promote NOTEBOOK.ipynb [-o recipes/NAME.py]`` and ``rlsdk checkpoint sign|verify DIR ...``.
 
-A recipe is a Python file with ``config() -> SessionConfig`` (its defaults) and ``async main(config)``. The
-command-line flags are generated from the same config dataclasses (no parallel argparse for config fields).
+A recipe is a Python file with ``config() -> SessionConfig`` (its defaults) and either ``async main(config)`` or a
+reward function ``reward`` (then ``rlsdk run`` starts a Session and runs the library loop, ``Session.train``, with
+it). The command-line flags are generated from the same config dataclasses (no parallel argparse for config
+fields); ``--help`` lists where the recipe's values differ from the library defaults.
 """
 
 from __future__ import annotations
@@ -31,11 +33,13 @@ def load_recipe(path: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    for name in ("config", "main"):
-        if not callable(getattr(module, name, None)):
-            raise AttributeError(
-                f"recipe {path!r} must define {name}() (config() -> SessionConfig, async main(config))"
-            )
+    if not callable(getattr(module, "config", None)):
+        raise AttributeError(f"recipe {path!r} must define config() (config() -> SessionConfig)")
+    if not callable(getattr(module, "main", None)) and not callable(getattr(module, "reward", None)):
+        raise AttributeError(
+            f"recipe {path!r} must define main() (async main(config)) or reward (a reward function that "
+            "`rlsdk run` trains with through Session.train)"
+        )
     return module
 
 
@@ -44,7 +48,13 @@ def run_recipe(path: str, args: Sequence[str]) -> object:
 
     recipe = load_recipe(path)
     config = parse_cli(recipe.config(), list(args), prog=f"rlsdk run {path}", description=recipe.__doc__)
-    return asyncio.run(recipe.main(config))
+    if callable(getattr(recipe, "main", None)):
+        return asyncio.run(recipe.main(config))
+    from rlsdk.train_loop import run
+
+    summary = asyncio.run(run(config, recipe.reward))
+    logger.info("%s", summary.as_dict())
+    return summary
 
 
 def main(argv: Sequence[str] | None = None) -> int:

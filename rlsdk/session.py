@@ -29,8 +29,9 @@ from rlsdk.config import ConfigError, SessionConfig, config_to_dict
 from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams, WeightInfo
 from rlsdk.engine.inference.vllm_worker import WEIGHTS_DIR_ENV
 from rlsdk.engine.publish_dir import PublishDir
-from rlsdk.observe.logging import ROOT_LOGGER, RankLogRouter, get_logger, set_log_context
+from rlsdk.observe.logging import ROOT_LOGGER, RankLogRouter, capture_records, get_logger, set_log_context
 from rlsdk.observe.metrics import MetricsWriter
+from rlsdk.observe.rollout_metrics import completion_metrics, reward_metrics, samples_markdown, throughput_metrics
 from rlsdk.observe.status import last_batch_staleness, rank_alive
 from rlsdk.rewards.apply import RewardFn, compute_reward_breakdown
 from rlsdk.versioning import VersionError, VersionLedger, WeightMismatchError, staleness_mask
@@ -106,8 +107,9 @@ def check_data(config: SessionConfig) -> tuple[Any, Any]:
 
 def load_resume_state(config: SessionConfig) -> tuple[Path, dict[str, Any]] | None:
     """Find and verify the checkpoint ``train.resume_from`` names, before any process starts; ``None`` when not
-    resuming. Returns ``(directory, state)``: ``state`` holds the controller's parts (``ledger``, ``data``,
-    ``session``: step and rollout counters, None in checkpoints written before they were saved).
+    resuming ('auto' without a complete checkpoint under ``observe.output_dir`` starts fresh). Returns
+    ``(directory, state)``: ``state`` holds the controller's parts (``ledger``, ``data``, ``session``: step and
+    rollout counters, None in checkpoints written before they were saved).
 
     Raises ``ConfigError`` naming ``train.resume_from`` (missing directory, no manifest.json, not signed with this
     user's key, a checksum that does not match, an unlisted file or a path leaving the directory, see
@@ -122,7 +124,15 @@ def load_resume_state(config: SessionConfig) -> tuple[Path, dict[str, Any]] | No
 
     if config.train.resume_from is None:
         return None
-    directory = resolve_checkpoint(config.train.resume_from, Path(config.observe.output_dir))
+    resume_from = config.train.resume_from
+    if resume_from == "auto":
+        from rlsdk.engine.train.checkpoint import complete_checkpoints
+
+        if not complete_checkpoints(Path(config.observe.output_dir) / "checkpoints"):
+            logger.info("train.resume_from='auto': no checkpoint under %s, starting fresh", config.observe.output_dir)
+            return None
+        resume_from = "latest"
+    directory = resolve_checkpoint(resume_from, Path(config.observe.output_dir))
     for name in ("config.yaml", "ledger.json", "data_state.json"):
         if not (directory / name).is_file():  # verified: a file that is there is listed in the signed manifest
             raise ConfigError("train.resume_from", config.train.resume_from, f"a checkpoint with {name}")
@@ -148,18 +158,64 @@ def load_resume_state(config: SessionConfig) -> tuple[Path, dict[str, Any]] | No
     return directory, state
 
 
-async def _check_before_start(config: SessionConfig) -> tuple[tuple[Path, dict[str, Any]] | None, Any, Any]:
-    """Everything :meth:`Session.start` checks before a process starts: model path, checkpoint, data set."""
+def check_special_tokens(config: SessionConfig, tokenizer: Any) -> Any:
+    """Resolve the model's pad and EOS ids before any process starts (see :mod:`rlsdk.engine.inference.stopping`:
+    pad = EOS when the tokenizer has none, as TRL does) and give ``tokenizer`` that pad token; returns the
+    :class:`~rlsdk.engine.inference.stopping.SpecialTokens` every engine, workflow and the rollout joining use.
+    Raises ``ConfigError`` naming ``model.path`` when the model names no EOS token."""
+    from rlsdk.engine.inference.stopping import apply_pad_rule, resolve_special_tokens
+
+    try:
+        special = resolve_special_tokens(config.model.path, tokenizer)
+    except ValueError as exc:
+        raise ConfigError("model.path", config.model.path, f"a model with an EOS token ({exc})") from exc
+    apply_pad_rule(tokenizer, special)
+    return special
+
+
+async def _check_before_start(config: SessionConfig) -> tuple[tuple[Path, dict[str, Any]] | None, Any, Any, Any]:
+    """Everything :meth:`Session.start` checks before a process starts: model path, checkpoint, data set, the
+    model's special tokens. Records logged meanwhile (e.g. prompts dropped by ``data.max_prompt_tokens``) are kept
+    and shown once the Session's logging is set up."""
+    from rlsdk.data.prepare import data_needs_tokenizer
+
     check_model_dir(config.model.path)
     if config.inference.engine == "vllm":
         from rlsdk.engine.inference.vllm import check_before_start
 
         await asyncio.to_thread(check_before_start, config)
     resume = await asyncio.to_thread(load_resume_state, config)
-    dataset, tokenizer = await asyncio.to_thread(check_data, config)
+    dataset = tokenizer = None
+    if config.data.task == "file" or data_needs_tokenizer(config.data):
+        dataset, tokenizer = await asyncio.to_thread(check_data, config)
+    # else: a generated task, valid by construction (its fields are checked by DataConfig): built while the ranks
+    # start (Session._start_engine), off the start-up's critical path (the `datasets` import and the rows).
     if tokenizer is None:
         tokenizer = await asyncio.to_thread(check_model_files, config)
-    return resume, dataset, tokenizer
+    special = await asyncio.to_thread(check_special_tokens, config, tokenizer)
+    return resume, dataset, tokenizer, special
+
+
+def rank_startup_seconds(launched: float, marks: Sequence[dict[str, float] | None]) -> dict[str, float]:
+    """Where the ranks' start-up went, from the wall-clock marks each rank reports with ``init`` (see
+    ``rlsdk.worker.main``) and ``launched`` (``time.time()`` when the launcher was started): the slowest rank's
+    ``launcher`` (until its process existed: the launcher's imports and torchrun), ``rank_imports`` (Python and
+    torch imports), ``rank_connect`` (control channel), ``process_group`` (rendezvous, accelerate) and
+    ``train_engine`` (model and optimizer). Empty when a rank reported none (an older worker)."""
+    if not marks or any(m is None for m in marks):
+        return {}
+    spans = {
+        "launcher": ("launched", "process_start"),
+        "rank_imports": ("process_start", "imported"),
+        "rank_connect": ("imported", "connected"),
+        "process_group": ("connected", "process_group"),
+        "train_engine": ("init_begin", "init_end"),
+    }
+    out: dict[str, float] = {}
+    for name, (first, last) in spans.items():
+        values = [m[last] - (launched if first == "launched" else m[first]) for m in marks if m is not None]
+        out[f"ranks/{name}"] = max(values)
+    return out
 
 
 class Session:
@@ -187,7 +243,9 @@ class Session:
         self._log_handler: logging.Handler | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._liveness: asyncio.Task[None] | None = None
-        self._pad_token_id: int | None = None  # the model's, for joining rollouts (dynamic sampling)
+        # The model's pad and EOS ids (rlsdk.engine.inference.stopping), resolved by start() before any process
+        # starts: the engines, the default workflow and the rollout joining (dynamic sampling) all use these.
+        self.special_tokens: Any = None
         self._prefetch: asyncio.Task[Rollout] | None = None  # rollout.mode='async': the batch being generated
         self._prefetch_state: tuple[dict[str, Any], int] | None = None  # (data position, rollouts) before it
         # inference.lookahead: (the next batch's rows, the data position before them), drawn by update() for the
@@ -213,6 +271,13 @@ class Session:
         self._phase: Any = lambda _phase: None  # progress hook of start(); see rlsdk.observe.progress
         self.last_trace: Any = None  # the latest TraceReport (watchdog or trace()); the dashboard's tracer view
         self.last_trace_time: float | None = None  # time.time() of last_trace
+        self._early_records: list[logging.LogRecord] = []  # see start(): shown once logging is set up
+        self._entropy_checked = False  # see _check_entropy_bonus
+        self._held_out: dict[int, list[dict[str, Any]]] = {}  # evaluate(None, ...)'s rows by num_prompts
+        # Seconds each part of start() and close() took (see rank_startup_seconds): the start bar's phases, the
+        # ranks' own start-up, the overlapped engine load; benchmarks/session_overhead.py reports them.
+        self.start_seconds: dict[str, float] = {}
+        self.close_seconds: dict[str, float] = {}
 
     # ------------------------------------------------------------------ start / close
     @classmethod
@@ -230,26 +295,32 @@ class Session:
         """
         if not isinstance(config, SessionConfig):
             raise TypeError(f"Session.start needs a SessionConfig, got {type(config).__name__}")
-        checked = await _check_before_start(config)
+        began = time.perf_counter()
+        with capture_records(config.observe.log_level) as early:
+            checked = await _check_before_start(config)
         session = cls(config)
+        session._early_records = early
+        session.start_seconds["checks"] = time.perf_counter() - began
         await session._start_checked(checked, progress=progress, desc="Session.start")
         return session
 
     async def _start_checked(
-        self, checked: tuple[tuple[Path, dict[str, Any]] | None, Any, Any], *, progress: bool | None, desc: str
+        self, checked: tuple[tuple[Path, dict[str, Any]] | None, Any, Any, Any], *, progress: bool | None, desc: str
     ) -> None:
         from rlsdk.observe.progress import START_PHASES, PhaseProgress
 
-        self._resume, self._dataset, self.tokenizer = checked
-        self._phase = PhaseProgress(START_PHASES, desc=desc, enabled=progress)
+        self._resume, self._dataset, self.tokenizer, self.special_tokens = checked
+        phases = self._phase = PhaseProgress(START_PHASES, desc=desc, enabled=progress)
         try:
             await self._start()
         except BaseException:
             await self.close()
             raise
         finally:
-            self._phase.close()
+            phases.close()
             self._phase = lambda _phase: None
+        # The bar's phases (wall time on the controller), then where the ranks spent theirs (rank_startup_seconds).
+        self.start_seconds.update({f"phase/{name}": value for name, value in phases.seconds.items()})
 
     async def restart(self, *, resume_from: str | None = "latest", progress: bool | None = None) -> Path | None:
         """Stop every process of the run (failed, hung or healthy ranks, the inference server) and start new ones,
@@ -264,7 +335,8 @@ class Session:
         anything is stopped; then the errors of :meth:`start`.
         """
         config = dataclasses.replace(self.config, train=dataclasses.replace(self.config.train, resume_from=resume_from))
-        checked = await _check_before_start(config)
+        with capture_records(config.observe.log_level) as early:
+            checked = await _check_before_start(config)
         workflow = self.workflow if self.workflow is not self._default_workflow else None
         logger.warning(
             "restarting the session: stopping every process of the run%s",
@@ -274,6 +346,7 @@ class Session:
         await self.close()
         fresh = type(self)(config)
         self.__dict__.update(fresh.__dict__)  # keep this object (and whoever holds it), with a new start's state
+        self._early_records = early
         await self._start_checked(checked, progress=progress, desc="Session.restart")
         for listener in listeners:
             self._router.add_listener(listener)
@@ -297,6 +370,9 @@ class Session:
         root.addHandler(self._log_handler)
         root.setLevel(level)
         set_log_context(rank=None, world_size=cfg.launch.num_ranks, version=0, role="controller")
+        for record in self._early_records:  # logged by the pre-start checks, before this handler existed
+            self._log_handler.handle(record)
+        self._early_records = []
 
         if getattr(self, "_runtime_dir", None) is None:
             from rlsdk.runtime_dir import SessionRuntimeDir
@@ -350,6 +426,8 @@ class Session:
             },
         )
         self._phase("launching ranks")
+        self.start_seconds["setup"] = time.perf_counter() - t0
+        launched = time.time()
         self._launcher = await start_launcher(
             cfg.launch, env, output_dir=self.output_dir, on_line=self._launcher_line, config=cfg
         )
@@ -366,12 +444,14 @@ class Session:
             if self._resume is not None:
                 init["resume_from"] = str(self._resume[0])
             results = await self._channel.broadcast("init", init, timeout_s=cfg.launch.start_timeout_s)
+            self.start_seconds.update(rank_startup_seconds(launched, [r.pop("startup", None) for r in results]))
             # Liveness from here on: during start-up the ranks import and load while holding the GIL for long
             # stretches (their heartbeats wait), and launch.start_timeout_s bounds it.
             self._liveness = asyncio.get_running_loop().create_task(self._watch_heartbeats())
         finally:
             await engine_task
         trainer = results[0]
+        self._phase("verifying weights")
         if self._resume is not None:
             self._restore(self._resume[0], self._resume[1], trainer)
         self.versions.trainer_checksum = trainer["checksum"]
@@ -390,12 +470,14 @@ class Session:
                 )
             self.versions.record_sync(engine_info.version, engine_info.checksum, 0.0)
         self._phase("ready")
+        self.start_seconds["total"] = time.perf_counter() - t0 + self.start_seconds.get("checks", 0.0)
         logger.info(
-            "session ready in %.1f s: %d ranks, engine %s, output %s",
-            time.perf_counter() - t0,
+            "session ready in %.1f s: %d ranks, engine %s, output %s (%s)",
+            self.start_seconds["total"],
             cfg.launch.num_ranks,
             cfg.inference.engine,
             self.output_dir,
+            ", ".join(f"{k} {v:.2f} s" for k, v in self.start_seconds.items() if k != "total"),
         )
 
     def _restore(self, directory: Path, state: dict[str, Any], trainer: dict[str, Any]) -> None:
@@ -431,6 +513,13 @@ class Session:
         )
 
     async def _start_engine(self) -> None:
+        began = time.perf_counter()
+        try:
+            await self._start_engine_parts()
+        finally:
+            self.start_seconds["engine_load (overlapped)"] = time.perf_counter() - began
+
+    async def _start_engine_parts(self) -> None:
         from transformers import AutoTokenizer
 
         from rlsdk.data import PromptSampler
@@ -441,6 +530,8 @@ class Session:
             self.tokenizer = await asyncio.to_thread(
                 AutoTokenizer.from_pretrained, cfg.model.path, trust_remote_code=cfg.model.trust_remote_code
             )
+        if self.special_tokens is None:
+            self.special_tokens = await asyncio.to_thread(check_special_tokens, cfg, self.tokenizer)
         self.engine = await self._build_engine()
         if self._restore_threads is None:
             import torch
@@ -457,8 +548,11 @@ class Session:
             temperature=cfg.rollout.temperature,
             top_p=cfg.rollout.top_p,
             top_k=cfg.rollout.top_k,
+            stop=cfg.rollout.stop,
         )
-        self.workflow = self._default_workflow = SingleTurnWorkflow(self.tokenizer, params)
+        self.workflow = self._default_workflow = SingleTurnWorkflow(
+            self.tokenizer, params, eos_token_ids=self.special_tokens.eos_token_ids
+        )
         dataset = self._dataset
         if dataset is None:
             dataset = await asyncio.to_thread(build_prompt_dataset, cfg.data, seed=cfg.seed, tokenizer=self.tokenizer)
@@ -469,16 +563,15 @@ class Session:
         """The configured engine: embedded (in this process) or vLLM (a supervised server, or attached by URL)."""
         cfg = self.config
         inference = cfg.inference
+        special = self.special_tokens
         if inference.engine == "colocated":
             from rlsdk.engine.inference.colocated import ColocatedEngine
-            from rlsdk.engine.inference.embedded import model_token_ids
 
-            pad_token_id, eos_token_id = await asyncio.to_thread(model_token_ids, cfg.model.path)
             return ColocatedEngine(
                 lambda command, body: self._broadcast(command, body, timeout_s=cfg.launch.command_timeout_s),
                 cfg.launch.num_ranks,
-                pad_token_id=pad_token_id,
-                eos_token_id=eos_token_id,
+                pad_token_id=special.pad_token_id,
+                eos_token_id=special.eos_token_ids,
                 max_batch_size=inference.max_batch_size,
             )
         if inference.engine == "embedded":
@@ -490,6 +583,7 @@ class Session:
                 dtype=cfg.model.dtype,
                 num_threads=inference.num_threads if inference.num_threads is not None else self._engine_threads,
                 max_batch_size=inference.max_batch_size,
+                special_tokens=special,
             )
         from rlsdk.engine.inference.vllm import VLLMEngine
         from rlsdk.engine.inference.weight_transfer import (
@@ -516,6 +610,7 @@ class Session:
                 request_timeout_s=inference.request_timeout_s,
                 sync_timeout_s=inference.sync_timeout_s,
                 transfer=transfer,
+                special_tokens=special,
             )
         else:
             engine = await VLLMEngine.start(
@@ -530,6 +625,7 @@ class Session:
                 transfer=transfer,
                 runtime_dir=self._runtime_dir.path,
                 weights_dir=self._publish_dir,
+                special_tokens=special,
             )
             self._engine_watch = asyncio.get_running_loop().create_task(self._watch_engine(engine))
         return engine
@@ -726,11 +822,20 @@ class Session:
         if self._closed:
             return
         self._closing = True
+        began = mark = time.perf_counter()
+
+        def lap(name: str) -> None:
+            nonlocal mark
+            now = time.perf_counter()
+            self.close_seconds[name] = now - mark
+            mark = now
+
         await self._stop_prefetch()
         hung = getattr(self._channel, "hung", None)
         if hung is not None:  # terminating a hung command: its ranks are shut down below
             hung.task.cancel()
             self._channel.hung = None
+        lap("prefetch")
         if self._channel is not None:
             with contextlib.suppress(Exception):
                 await self._channel.shutdown_ranks()
@@ -738,6 +843,7 @@ class Session:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._launcher.proc.wait()), timeout=5.0)
             await self._launcher.stop()
+        lap("ranks_exit")
         for task in (self._liveness,):
             if task is not None:
                 task.cancel()
@@ -753,8 +859,10 @@ class Session:
             self._engine_watch.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._engine_watch
+        lap("channel")
         if self.engine is not None:
             await self.engine.close()
+        lap("engine")
         if self._restore_threads is not None:
             self._restore_threads()
             self._restore_threads = None
@@ -771,6 +879,8 @@ class Session:
             logging.getLogger(ROOT_LOGGER).removeHandler(self._log_handler)
         if self._router is not None:
             self._router.close()
+        lap("metrics_logs")
+        self.close_seconds["total"] = time.perf_counter() - began
         self._closed = True
 
     async def __aenter__(self) -> Session:
@@ -906,10 +1016,12 @@ class Session:
         return await self._fill_informative(engine, rewarded, reward_fn, timeout_s)
 
     async def _reward(self, rollout: Rollout, reward_fn: RewardFn, timeout_s: float | None) -> Rollout:
+        start = time.perf_counter()
         rewards_B, components = await compute_reward_breakdown(rollout, reward_fn, timeout_s=timeout_s)
-        if not components:
-            return rollout.with_rewards(rewards_B)
-        return dataclasses.replace(rollout, rewards_B=rewards_B, info={**rollout.info, "reward_components": components})
+        info = {**rollout.info, "reward_seconds": time.perf_counter() - start}
+        if components:
+            info["reward_components"] = components
+        return dataclasses.replace(rollout, rewards_B=rewards_B, info=info)
 
     async def _fill_informative(
         self, engine: InferenceEngine, rewarded: Rollout, reward_fn: RewardFn, timeout_s: float | None
@@ -917,7 +1029,6 @@ class Session:
         """DAPO's dynamic sampling (``rollout.dynamic_sampling``): keep the groups whose rewards differ, and
         generate and reward groups of new prompts (the next data-set rows; the rest of each refill batch is
         skipped) until the batch is full again or ``rollout.max_sampling_rounds`` rounds ran."""
-        from rlsdk.engine.inference.embedded import model_token_ids
         from rlsdk.workflow.dynamic_sampling import fill_informative_groups
 
         first: list[Rollout] = [rewarded]
@@ -928,13 +1039,11 @@ class Session:
             rows = self.next_prompts()[:groups]
             return await self._reward(await self._generate(engine, rows, progress=False), reward_fn, timeout_s)
 
-        if self._pad_token_id is None:
-            self._pad_token_id = (await asyncio.to_thread(model_token_ids, self.config.model.path))[0]
         rollout, stats = await fill_informative_groups(
             sample,
             len(rewarded.rows),
             max_rounds=self.config.rollout.max_sampling_rounds,
-            pad_token_id=self._pad_token_id,
+            pad_token_id=self.special_tokens.pad_token_id,
         )
         parts = rollout.info.get("parts") or [rewarded.info]
         rollout.info["seconds"] = sum(float(part.get("seconds", 0.0)) for part in parts)
@@ -1055,13 +1164,11 @@ class Session:
             "agreement/ratio_min": -maxima["neg_ratio_min"],
             "agreement/ratio_max": maxima["ratio_max"],
         }
-        rewards_B = rollout.rewards_B
+        update_s = time.perf_counter() - start
+        rollout_s = float(rollout.info.get("seconds", float("nan")))
         stats = {
             "step": float(self.step),
-            "reward/mean": float(rewards_B.mean()),
-            "reward/std": float(rewards_B.std()) if rewards_B.numel() > 1 else 0.0,
-            # components of a combine_rewards() reward (unweighted means), see Session.reward
-            **{f"reward/{name}": float(v.mean()) for name, v in rollout.info.get("reward_components", {}).items()},
+            **reward_metrics(rollout),  # mean, std and each combine_rewards() component
             "train/loss": totals["loss_sum"] / tokens,
             # The aggregated loss actually differentiated (per algorithm.loss_agg); each rank's share is scaled
             # by the world size because DDP averages gradients.
@@ -1077,9 +1184,19 @@ class Session:
             "train/dropped_stale": float(stale),
             "train/used_samples": float(index_B.numel()),
             **agreement,
-            "time/update_s": time.perf_counter() - start,
+            "time/update_s": update_s,
             "time/rank_update_s": max(float(r["seconds"]) for r in results),
-            "time/rollout_s": float(rollout.info.get("seconds", float("nan"))),
+            "time/rollout_s": rollout_s,
+            "time/reward_s": float(rollout.info.get("reward_seconds", float("nan"))),
+            **completion_metrics(
+                rollout, max_new_tokens=cfg.rollout.max_new_tokens, eos_token_ids=self.special_tokens.eos_token_ids
+            ),
+            **throughput_metrics(
+                rollout_tokens=float(rollout.completion_mask_B_C.sum()),
+                rollout_s=rollout_s,
+                update_tokens=totals["tokens"],
+                update_s=update_s,
+            ),
             "version/trainer": float(self.versions.trainer_version),
             "version/engine": float(self.versions.engine_version),
             "version/behaviour_min": float(rollout.behaviour_versions_B.min()),
@@ -1087,6 +1204,8 @@ class Session:
         }
         if self.metrics is not None:
             self.metrics.log(self.step, stats)
+            self.metrics.log_text(self.step, "samples", samples_markdown(rollout))
+        self._check_entropy_bonus(stats["train/entropy"], advantages_B[index_B])
         if agreement["agreement/logprob_absdiff_mean"] > cfg.inference.logprob_warn_threshold:
             logger.warning(
                 "update %d: trainer and engine disagree: mean |logprob diff| %.4g (max %.4g, ratio in "
@@ -1112,6 +1231,37 @@ class Session:
             )
         logger.debug("update %d: %s", self.step, stats)
         return stats
+
+    def _check_entropy_bonus(self, entropy_mean: float, advantages_B: Any) -> None:
+        """Warn once when ``algorithm.entropy_coef`` x the batch's mean token entropy exceeds its mean |advantage|
+        (see :mod:`rlsdk.algorithms.entropy_check`); checked at the first update whose advantages are not all 0."""
+        import math
+
+        from rlsdk.algorithms.entropy_check import entropy_bonus_ratio, suggested_entropy_coef
+
+        coef = self.config.algorithm.entropy_coef
+        if self._entropy_checked or coef == 0:
+            return
+        ratio = entropy_bonus_ratio(coef, entropy_mean, advantages_B)
+        if math.isinf(ratio):
+            return  # no signal yet to compare with
+        self._entropy_checked = True
+        if ratio > 1.0:
+            vocab = len(self.tokenizer) if self.tokenizer is not None else 0
+            logger.warning(
+                "algorithm.entropy_coef=%g x mean token entropy %.3g nats (log V = %.3g for a vocabulary of %d) is "
+                "%.1fx the mean |advantage| %.3g of update %d: the entropy bonus, not the reward, drives the first "
+                "updates (a coefficient tuned on a small vocabulary weighs log V times more on a large one). "
+                "Consider entropy_coef <= %.2g (a tenth of the advantage scale) or 0; see docs/howto/algorithms.md",
+                coef,
+                entropy_mean,
+                math.log(vocab) if vocab > 1 else float("nan"),
+                vocab,
+                ratio,
+                float(advantages_B.abs().mean()),
+                self.step,
+                suggested_entropy_coef(advantages_B, entropy_mean),
+            )
 
     def _update_progress(self) -> tuple[int, int] | None:
         """Micro-batches done / total, summed over the ranks whose heartbeat reports the running update."""
@@ -1167,6 +1317,92 @@ class Session:
             self.metrics.log(self.step, {"time/sync_s": seconds, "version/engine": float(info.version)})
         logger.debug("engine now serves v%d (sync %.3f s)", info.version, seconds)
         return info
+
+    # ------------------------------------------------------------------ the library loop and evaluation
+    async def train(self, reward_fn: RewardFn, **kwargs: Any) -> Any:
+        """Run the RL loop (rollout -> reward -> update -> sync per step) with ``reward_fn``, honouring
+        ``train.max_steps``, ``train.checkpoint_every``, ``train.eval_every`` and ``train.target_reward`` unless
+        the keyword arguments override them (``steps``, ``checkpoint_every``, ``eval_every``, ``eval_prompts``,
+        ``target_reward``, ``target_metric``, ``progress``, ``on_step``); returns a
+        :class:`~rlsdk.train_loop.TrainSummary`. See :func:`rlsdk.train_loop.train`. The four single-step calls
+        stay for interactive use."""
+        from rlsdk.train_loop import train
+
+        return await train(self, reward_fn, **kwargs)
+
+    async def evaluate(
+        self,
+        prompts: Sequence[Any] | dict[str, list[Any]] | None,
+        reward_fn: RewardFn,
+        *,
+        n: int = 1,
+        greedy: bool = True,
+        num_prompts: int = 64,
+        pass_threshold: float = 1.0,
+        timeout_s: float | None = None,
+    ) -> dict[str, float]:
+        """Score the policy the engine serves now on held-out prompts; log and return ``eval/*`` metrics.
+
+        ``prompts``: strings, dicts with a ``prompt`` key, a ``datasets.Dataset`` or column batch; ``None``:
+        ``num_prompts`` freshly seeded rows of the configured generated task (see
+        :func:`rlsdk.evaluation.held_out_prompts`). ``n`` samples per prompt; ``greedy``: temperature 0 with the
+        session's workflow (then ``n`` must be 1), else its training sampling settings. Returns
+        ``eval/reward_mean``, ``eval/reward_std``, ``eval/pass@1`` (samples whose reward >= ``pass_threshold``),
+        ``eval/pass@n`` (n > 1), the ``eval/completion/*`` lengths and rates, ``eval/num_prompts``,
+        ``eval/engine_version`` and ``eval/seconds``; logged to TensorBoard at the current step, with sample
+        completions under ``eval/samples``. The training data position and rollout seeds are untouched.
+
+        Raises ``ValueError`` for ``n < 1``, ``greedy`` with ``n > 1``, no prompts, or ``prompts=None`` with
+        ``data.task='file'``; ``RewardError`` as :meth:`reward`.
+        """
+        from rlsdk.evaluation import eval_seed, eval_workflow, held_out_prompts
+        from rlsdk.observe.rollout_metrics import pass_metrics
+
+        engine = self._engine()
+        if n < 1 or (greedy and n != 1):
+            raise ValueError(f"n={n!r} is invalid: allowed an int >= 1, and 1 with greedy=True (samples are equal)")
+        if prompts is None:
+            rows = self._held_out.get(num_prompts)
+            if rows is None:  # the same held-out rows at every evaluation of this session
+                rows = await asyncio.to_thread(held_out_prompts, self.config, self.tokenizer, num_prompts)
+                self._held_out[num_prompts] = rows
+        else:
+            rows = normalize_rows(prompts)
+        if not rows:
+            raise ValueError("evaluate needs at least one prompt; got an empty prompt list")
+        assert self.workflow is not None
+        workflow = eval_workflow(self.workflow, greedy=greedy)
+        start = time.perf_counter()
+        rollout = await workflow.arun_batch(engine, rows, n, seed=eval_seed(self.config, self.step))
+        rollout = await self._reward(rollout, reward_fn, timeout_s)
+        assert rollout.rewards_B is not None
+        metrics = {
+            **{k.replace("reward/", "eval/reward_", 1): v for k, v in reward_metrics(rollout).items()},
+            **pass_metrics(rollout.rewards_B, n, threshold=pass_threshold),
+            **completion_metrics(
+                rollout,
+                max_new_tokens=getattr(getattr(workflow, "params", None), "max_new_tokens", 0) or 1 << 30,
+                eos_token_ids=self.special_tokens.eos_token_ids,
+                prefix="eval/completion",
+            ),
+            "eval/num_prompts": float(len(rows)),
+            "eval/engine_version": float(min(rollout.versions) if rollout.versions else self.versions.engine_version),
+            "eval/seconds": time.perf_counter() - start,
+        }
+        if self.metrics is not None:
+            self.metrics.log(self.step, metrics)
+            self.metrics.log_text(self.step, "eval/samples", samples_markdown(rollout))
+        logger.info(
+            "evaluation at step %d (engine v%d, %d prompts x %d, %s): reward %.3f, pass@1 %.3f",
+            self.step,
+            int(metrics["eval/engine_version"]),
+            len(rows),
+            n,
+            "greedy" if greedy else "sampled",
+            metrics["eval/reward_mean"],
+            metrics["eval/pass@1"],
+        )
+        return metrics
 
     # ------------------------------------------------------------------ checkpoints and low-level calls
     async def save_checkpoint(self) -> Path:

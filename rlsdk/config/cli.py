@@ -58,7 +58,37 @@ def parse_cli(
             # Keep the dotted field; say which of possibly several files it came from.
             raise ConfigError(err.field, err.value, f"{err.allowed} [in --config {path}]") from None
     description = f"{description}\n\n{_CONFIG_HELP}" if description else _CONFIG_HELP
+    differences = recipe_differences(default) if isinstance(default, SessionConfig) else []
+    if differences:
+        lines = [f"  --{flag} {value!r}  (library default: {library!r})" for flag, value, library in differences]
+        description += (
+            "\n\nRecipe values vs library defaults: each '(default: ...)' below is this recipe's value. These "
+            "differ from the library's own defaults (what a SessionConfig you build yourself gets):\n"
+            + "\n".join(lines)
+        )
     return tyro.cli(type(default), default=default, args=rest, prog=prog, description=description)
+
+
+def recipe_differences(config: SessionConfig) -> list[tuple[str, object, object]]:
+    """``(flag, config's value, library default)`` for every field where ``config`` differs from a
+    ``SessionConfig`` built with only its ``model.path``; flags as the command line spells them
+    (``train.max-steps``)."""
+    from rlsdk.config.components import ModelConfig
+    from rlsdk.config.io import config_to_dict
+
+    library = SessionConfig(model=ModelConfig(path=config.model.path))
+    ours, theirs = _flatten(config_to_dict(config)), _flatten(config_to_dict(library))
+    return [(key.replace("_", "-"), value, theirs.get(key)) for key, value in ours.items() if value != theirs.get(key)]
+
+
+def _flatten(data: dict[str, object], prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def _split_config_args(args: Sequence[str]) -> tuple[list[str], list[str]]:

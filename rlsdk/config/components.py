@@ -338,17 +338,22 @@ class TrainConfig:
         betas: AdamW (beta1, beta2), each in [0, 1).
         max_grad_norm: Clip the global gradient L2 norm to this; None = no clipping, else > 0.
         micro_batch_size: Sequences per rank per forward pass, >= 1.
-        max_steps: Most update steps to run, >= 1.
-        target_reward: Stop early once the moving mean reward reaches this; None = never.
-        checkpoint_every: Save a checkpoint every N steps, >= 0; 0 = only at the end.
+        max_steps: Update steps ``Session.train`` runs in total (a resumed run continues up to it), >= 1. Read by
+            the library loop (``Session.train``), not by the single-step calls.
+        target_reward: ``Session.train`` stops once the mean reward over the last ``observe.moving_average``
+            steps reaches this; None = never.
+        checkpoint_every: ``Session.train`` saves a checkpoint every N steps, >= 0, and always after its last
+            step; 0 = only at the end.
         keep_checkpoints: Most recent checkpoints kept on disk, >= 1.
         parallelism: How the ranks hold the model: 'ddp' (default; every rank holds the whole model, gradients
             all-reduced) or 'fsdp2' (torch ``fully_shard`` per decoder layer and the root: parameters, gradients
             and optimizer state sharded over the ranks). Same update, same exported weights; 'fsdp2' trades
             all-gathers for memory.
         resume_from: Continue a run from a checkpoint: the path of a ``step_N`` directory that
-            ``Session.save_checkpoint`` wrote, or 'latest' (the newest complete ``step_N`` under
-            ``observe.output_dir``/checkpoints); None (default) = start from ``model.path``. ``Session.start``
+            ``Session.save_checkpoint`` wrote, 'latest' (the newest complete ``step_N`` under
+            ``observe.output_dir``/checkpoints; an error when there is none), or 'auto' (the same when one exists,
+            else start from ``model.path``: verl's ``resume_mode=auto``, for a job that restarts itself); None
+            (default) = start from ``model.path``. ``Session.start``
             checks it before any process starts (ConfigError naming ``train.resume_from`` when the directory is
             missing, has no manifest.json or a file does not match its manifest checksum); the run must have the
             checkpoint's ``launch.num_ranks`` and ``train.parallelism``. See docs/howto/checkpoints.md.
@@ -358,6 +363,8 @@ class TrainConfig:
             gradients to float rounding, fewer token positions through the model (the default task: 1.7x less
             forward/backward time). False = one forward over prompt + completion per sequence. Models whose
             forward returns no transformers cache fall back to that.
+        eval_every: ``Session.train`` runs ``Session.evaluate`` (held-out prompts, greedy) every N steps and
+            after its last step, >= 0; 0 = never.
     """
 
     lr: float = 1e-3
@@ -372,6 +379,7 @@ class TrainConfig:
     parallelism: Literal["ddp", "fsdp2"] = "ddp"
     resume_from: str | None = None
     share_prompt_prefix: bool = True
+    eval_every: int = 0
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -392,8 +400,9 @@ class TrainConfig:
             self,
             "resume_from",
             self.resume_from is None or self.resume_from.strip() != "",
-            "None, 'latest' or the path of a step_N checkpoint directory",
+            "None, 'latest', 'auto' or the path of a step_N checkpoint directory",
         )
+        require(self, "eval_every", self.eval_every >= 0, "an int >= 0 (0 = never)")
 
 
 # What each AlgorithmConfig.name fixes. 'grpo' fixes nothing: it is the pre-preset behaviour, every field
@@ -518,6 +527,11 @@ class RolloutConfig:
             ``data.prompts_per_step`` informative groups, or max_sampling_rounds rounds ran (then the batch is
             smaller; see docs/howto/algorithms.md). Needs group_size >= 2.
         max_sampling_rounds: Most generation rounds per batch with dynamic_sampling (the first included), >= 1.
+        stop: Strings that end a completion, besides the model's EOS ids (every id of its
+            ``generation_config.eos_token_id`` and the tokenizer's), on every engine alike, as vLLM's ``stop``: the
+            decoded completion text (special tokens skipped) is matched after each token; the token that completes
+            a stop string is the completion's last and is trained on like an EOS token, and the completion text a
+            reward function reads is cut before the string. Each a non-empty string; () = none.
     """
 
     group_size: int = 16
@@ -530,10 +544,12 @@ class RolloutConfig:
     mode: Literal["sequential", "async"] = "sequential"
     dynamic_sampling: bool = False
     max_sampling_rounds: int = 4
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_types(self)
         require(self, "group_size", self.group_size >= 1, "an int >= 1")
+        require(self, "stop", all(text != "" for text in self.stop), "a list of non-empty strings")
         require(self, "max_new_tokens", self.max_new_tokens >= 1, "an int >= 1")
         require(self, "temperature", self.temperature > 0, "a finite float > 0")
         require(self, "top_p", 0 < self.top_p <= 1, "a float in (0, 1]")

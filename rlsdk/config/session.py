@@ -17,6 +17,15 @@ from rlsdk.config.components import (
 from rlsdk.config.errors import ConfigError
 from rlsdk.config.validate import check_types, require
 
+# Advantage estimators that compare a sample with the other samples of its prompt's group, and why a group of
+# one sample cannot work with each (SessionConfig refuses rollout.group_size 1 with them).
+_GROUP_RELATIVE = {
+    "grpo": "a group-centred advantage of one sample is always 0, so nothing is trained",
+    "dr_grpo": "a group-centred advantage of one sample is always 0, so nothing is trained",
+    "rloo": "the leave-one-out baseline needs another sample of the same prompt",
+    "reinforce_pp_baseline": "the group baseline of one sample is the sample itself, so every advantage is 0",
+}
+
 
 @dataclass
 class SessionConfig:
@@ -35,7 +44,8 @@ class SessionConfig:
         run_name: Name of the run, shown in logs and metrics.
 
     Across sections: ``launch.num_ranks`` <= ``data.prompts_per_step`` x ``rollout.group_size`` (every rank
-    trains on at least one sample per step); an 'rloo' advantage needs ``rollout.group_size`` >= 2;
+    trains on at least one sample per step); a group-relative advantage ('grpo', 'dr_grpo', 'rloo',
+    'reinforce_pp_baseline') needs ``rollout.group_size`` >= 2;
     ``inference.engine='vllm'`` needs ``model.dtype='float32'``; ``inference.engine='colocated'`` needs
     ``train.parallelism='ddp'`` and ``rollout.mode='sequential'``.
     """
@@ -87,12 +97,16 @@ class SessionConfig:
                 f"'auto' or 'reload' when launch.gpus_per_node = {self.launch.gpus_per_node} > 0 ('inplace' is the "
                 "CPU path: it copies a shared-memory file into plain CPU weights)",
             )
-        if self.algorithm.resolved().advantage == "rloo" and self.rollout.group_size < 2:
+        advantage = self.algorithm.resolved().advantage
+        if advantage in _GROUP_RELATIVE and self.rollout.group_size < 2:
+            # A group of one sample is its own baseline: every advantage is 0 and the update trains nothing
+            # (grad norm 0), silently; refused like RLOO, whose leave-one-out baseline does not exist.
             raise ConfigError(
                 "rollout.group_size",
                 self.rollout.group_size,
-                f"an int >= 2 when algorithm.advantage is 'rloo' (algorithm.name={self.algorithm.name!r}): the "
-                "leave-one-out baseline needs another sample of the same prompt",
+                f"an int >= 2 when algorithm.advantage is {advantage!r} (algorithm.name={self.algorithm.name!r}): "
+                f"{_GROUP_RELATIVE[advantage]}; use algorithm.name='reinforce_pp' (batch-normalised, no group "
+                "baseline) for one sample per prompt",
             )
         samples = self.data.prompts_per_step * self.rollout.group_size
         if samples < self.launch.num_ranks:

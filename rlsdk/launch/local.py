@@ -77,12 +77,13 @@ def accelerate_command(num_ranks: int, module: str = "rlsdk.worker") -> list[str
     ``--cpu`` would start one process (multi-process CPU needs MPI there); ``--multi_gpu`` with
     ``Accelerator(cpu=True)`` in the rank gives N gloo ranks. Port 0 lets the store pick a free port.
     accelerate refuses ``--multi_gpu`` with one process: one rank runs with ``--cpu`` (its plain launcher sets no
-    torchrun variables; :func:`single_rank_environment` gives them).
+    torchrun variables; :func:`single_rank_environment` gives them). Run through
+    :mod:`rlsdk.launch.accelerate_entry`: accelerate's own launch code, with the parent-death signal set and
+    without interpreter teardown at exit.
     """
     if num_ranks == 1:
         return [
-            sys.executable, "-m", "rlsdk.launch.pdeathsig",
-            sys.executable, "-m", "accelerate.commands.launch",
+            sys.executable, "-m", "rlsdk.launch.accelerate_entry",
             "--cpu",
             "--num_processes", "1",
             "--num_machines", "1",
@@ -91,8 +92,7 @@ def accelerate_command(num_ranks: int, module: str = "rlsdk.worker") -> list[str
             "-m", module,
         ]  # fmt: skip
     return [
-        sys.executable, "-m", "rlsdk.launch.pdeathsig",
-        sys.executable, "-m", "accelerate.commands.launch",
+        sys.executable, "-m", "rlsdk.launch.accelerate_entry",
         "--multi_gpu",
         "--num_processes", str(num_ranks),
         "--num_machines", "1",

@@ -219,6 +219,30 @@ def render_metrics_html(history: Iterable[tuple[int, dict[str, float]]]) -> str:
     return '<div class="rlsdk-metrics" style="display:flex;flex-wrap:wrap;gap:6px">' + "".join(charts) + "</div>"
 
 
+def render_samples_html(texts: dict[str, tuple[int, str]]) -> str:
+    """The latest sample completions (``MetricsWriter.texts``: the Markdown tables ``Session.update`` and
+    ``Session.evaluate`` log under ``samples`` and ``eval/samples``) as HTML tables."""
+    parts = []
+    for tag in ("samples", "eval/samples"):
+        if tag not in texts:
+            continue
+        step, text = texts[tag]
+        rows = [line.strip().strip("|").split(" | ") for line in text.splitlines() if line.startswith("|")]
+        rows = [row for row in rows if not all(cell.strip() == "---" for cell in row)]
+        if not rows:
+            continue
+        head, body = rows[0], rows[1:]
+
+        def cells(row: list[str], tag_name: str) -> str:
+            return "".join(
+                f"<{tag_name}>{html.escape(cell.strip().replace(chr(92) + '|', '|'))}</{tag_name}>" for cell in row
+            )
+
+        table = f"<tr>{cells(head, 'th')}</tr>" + "".join(f"<tr>{cells(row, 'td')}</tr>" for row in body)
+        parts.append(f"<div><b>{html.escape(tag)}</b> (step {step})<table>{table}</table></div>")
+    return '<div class="rlsdk-samples" style="display:flex;gap:24px">' + "".join(parts) + "</div>"
+
+
 class _Refresher:
     """Shared by both views: the log listener and the periodic refresh task on the running loop."""
 
@@ -300,6 +324,7 @@ class Dashboard(_Refresher):
         self._ranks = widgets.HTML()
         self._versions = widgets.HTML()
         self._metrics = widgets.HTML()
+        self._samples = widgets.HTML()
         self._logs = widgets.HTML()
         self._tracer = widgets.HTML()
         self._tracer.add_class("rlsdk-tracer")
@@ -332,6 +357,7 @@ class Dashboard(_Refresher):
                 self._title,
                 widgets.HBox([self._ranks, self._versions]),
                 self._metrics,
+                self._samples,
                 widgets.HBox([self.source, self.level, self.component, self._log_count]),
                 self._logs,
                 widgets.HBox([self.trace_button, self.keep_waiting_button, self.terminate_button, self._tracer_note]),
@@ -423,13 +449,15 @@ class Dashboard(_Refresher):
         if force or len(history) != self._seen_history:
             self._seen_history = len(history)
             self._set(self._metrics, render_metrics_html(history))
+            metrics = getattr(self.session, "metrics", None)
+            self._set(self._samples, render_samples_html(dict(getattr(metrics, "texts", {}))))
         if force or self.logs.total != self._seen_logs:
             self._seen_logs = self.logs.total
             self._render_logs()
         self._render_tracer(status, force)
         if force:
-            children = (self._title, self._ranks, self._versions, self._metrics, self._logs, self._log_count,
-                        self._tracer, self._tracer_note)  # fmt: skip
+            children = (self._title, self._ranks, self._versions, self._metrics, self._samples, self._logs,
+                        self._log_count, self._tracer, self._tracer_note)  # fmt: skip
             for child in children:
                 child.send_state()
 

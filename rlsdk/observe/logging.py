@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,36 @@ ROOT_LOGGER = "rlsdk"
 
 _context_lock = threading.Lock()
 _context: dict[str, Any] = {"rank": None, "world_size": None, "version": None, "role": "controller"}
+
+
+class _BufferHandler(logging.Handler):
+    def __init__(self, level: int) -> None:
+        super().__init__(level)
+        self.records: list[logging.LogRecord] = []
+        self.addFilter(ContextFilter())
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def capture_records(level: int | str) -> Iterator[list[logging.LogRecord]]:
+    """Keep the project logger's records of ``level`` and above that are logged inside the block (as well as
+    handling them as usual): work done before a Session's log handlers exist (its pre-start checks) hands them
+    to those handlers afterwards instead of losing them. The project logger's level is lowered to ``level``
+    meanwhile if it was higher (it is what the Session sets next)."""
+    root = logging.getLogger(ROOT_LOGGER)
+    numeric = logging.getLevelName(level) if isinstance(level, str) else level
+    handler = _BufferHandler(numeric)
+    previous = root.level
+    if previous == logging.NOTSET or previous > numeric:
+        root.setLevel(numeric)
+    root.addHandler(handler)
+    try:
+        yield handler.records
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(previous)
 
 
 def get_logger(name: str) -> logging.Logger:

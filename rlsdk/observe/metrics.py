@@ -21,6 +21,7 @@ class MetricsWriter:
             log_dir.mkdir(parents=True, exist_ok=True)
             self._writer = SummaryWriter(log_dir=str(log_dir))
         self.history: deque[tuple[int, dict[str, float]]] = deque(maxlen=history)
+        self.texts: dict[str, tuple[int, str]] = {}  # tag -> (step, text) of the latest log_text
 
     def log(self, step: int, metrics: Mapping[str, float | int]) -> None:
         """Record finite scalar ``metrics`` for ``step`` (names like ``reward/mean``, ``train/loss``)."""
@@ -33,6 +34,13 @@ class MetricsWriter:
             # one event and one queue put per scalar; readers see each tag at ``step`` as before
             summary = Summary(value=[Summary.Value(tag=name, simple_value=value) for name, value in clean.items()])
             self._writer._get_file_writer().add_summary(summary, step)
+
+    def log_text(self, step: int, tag: str, text: str) -> None:
+        """Record ``text`` (Markdown) under ``tag`` for ``step``: TensorBoard's text tab, and ``texts[tag]`` (the
+        latest one per tag, for the dashboard)."""
+        self.texts[tag] = (step, text)
+        if self._writer is not None:
+            self._writer.add_text(tag, text, step)
 
     def flush(self) -> None:
         if self._writer is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Any
@@ -26,7 +27,8 @@ def progress_sink() -> Callable[[int], None] | None:
     return _SINK.get()
 
 
-def _make_bar(**kwargs: Any) -> Any:
+def make_bar(**kwargs: Any) -> Any:
+    """A ``tqdm.auto`` bar (a widget in Jupyter, text elsewhere) with ``kwargs``; text when ipywidgets is missing."""
     from tqdm.auto import tqdm
 
     try:
@@ -38,36 +40,54 @@ def _make_bar(**kwargs: Any) -> Any:
 
 
 # The phases of Session.start, in order (see Session._start).
-START_PHASES: tuple[str, ...] = ("launching ranks", "loading engine, ranks connecting", "initialising ranks", "ready")
+START_PHASES: tuple[str, ...] = (
+    "launching ranks", "loading engine, ranks connecting", "initialising ranks", "verifying weights", "ready",
+)  # fmt: skip
+
+
+def format_seconds(seconds: dict[str, float]) -> str:
+    """``name 1.2 s, other 0.3 s`` (in the mapping's order)."""
+    return ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items())
 
 
 class PhaseProgress:
-    """A bar over named phases: ``progress("phase")`` completes the previous phase and shows the new one.
+    """A bar over named phases: ``progress("phase")`` completes the previous phase and shows the new one, with
+    the seconds each finished phase took (``seconds``, also kept when the bar is disabled).
 
-    Disabled (a no-op) unless ``enabled``; ``None`` means enabled inside Jupyter only, so scripts and recipes,
+    Disabled (a no-op bar) unless ``enabled``; ``None`` means enabled inside Jupyter only, so scripts and recipes,
     which draw their own bars, stay quiet.
     """
 
     def __init__(self, phases: Sequence[str], *, desc: str, enabled: bool | None = None) -> None:
         self.phases = list(phases)
+        self.seconds: dict[str, float] = {}  # finished phase -> seconds it took
         self._bar: Any = None
         if enabled is None:
             enabled = in_jupyter()
         if enabled:
-            self._bar = _make_bar(total=len(self.phases), desc=desc, unit="phase", leave=True)
+            self._bar = make_bar(total=len(self.phases), desc=desc, unit="phase", leave=True)
         self._done = 0
+        self._current: tuple[str, float] | None = None
 
     def __call__(self, phase: str) -> None:
+        now = time.perf_counter()
+        if self._current is not None:
+            name, began = self._current
+            self.seconds[name] = self.seconds.get(name, 0.0) + now - began
+        self._current = (phase, now)
         if self._bar is None:
             return
         index = self.phases.index(phase) if phase in self.phases else self._done
         if index > self._done:
             self._bar.update(index - self._done)
             self._done = index
-        self._bar.set_postfix_str(phase, refresh=True)
         if phase == self.phases[-1]:
+            self._bar.set_postfix_str(f"{phase} ({format_seconds(self.seconds)})", refresh=True)
             self._bar.update(len(self.phases) - self._done)
             self._done = len(self.phases)
+        else:
+            done = f" (done: {format_seconds(self.seconds)})" if self.seconds else ""
+            self._bar.set_postfix_str(f"{phase}{done}", refresh=True)
 
     def close(self) -> None:
         if self._bar is not None:
@@ -171,7 +191,7 @@ class CallProgress:
     def _tick(self) -> None:
         try:
             if self._bar is None:
-                self._bar = _make_bar(total=self.total, desc=self.desc, unit=self.unit, leave=False)
+                self._bar = make_bar(total=self.total, desc=self.desc, unit=self.unit, leave=False)
             self._refresh()
         finally:
             if self._timer is not None:  # still inside the call

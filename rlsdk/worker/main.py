@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,8 +35,11 @@ class Worker:
         world_size: int,
         *,
         report_progress: Callable[[int, int], None] | None = None,
+        startup: dict[str, float] | None = None,
     ) -> None:
         self.accelerator = accelerator
+        # Wall-clock marks of this rank's start-up (see main()), reported once with the init result.
+        self.startup = startup
         self.rank = rank
         self.world_size = world_size
         self.engine: Any = None
@@ -77,6 +81,14 @@ class Worker:
         return function(self, **body.get("kwargs", {}))
 
     def init(self, body: dict[str, Any]) -> dict[str, Any]:
+        began = time.time()
+        info = self._init(body)
+        if self.startup is not None:
+            info["startup"] = {**self.startup, "init_begin": began, "init_end": time.time()}
+            self.startup = None
+        return info
+
+    def _init(self, body: dict[str, Any]) -> dict[str, Any]:
         from rlsdk.config import SessionConfig, config_from_dict
         from rlsdk.engine.train.engine import TrainEngine
 
@@ -168,6 +180,7 @@ class Worker:
 
 
 def main() -> None:
+    startup = {"imported": time.time()}  # this module's imports (torch) are done
     set_parent_death_signal(signal.SIGTERM)
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
@@ -177,6 +190,7 @@ def main() -> None:
 
     channel = RankChannel.from_env(rank, world_size)
     channel.connect()
+    startup["connected"] = time.time()
     install_rank_logging(
         channel.send_log, rank=rank, world_size=world_size, level=int(os.environ.get("RLSDK_LOG_LEVEL", "20"))
     )
@@ -191,7 +205,9 @@ def main() -> None:
                 f"accelerate reports rank {accelerator.process_index}/{accelerator.num_processes}, "
                 f"the launcher assigned {rank}/{world_size}"
             )
-        worker = Worker(accelerator, rank, world_size, report_progress=channel.set_progress)
+        startup["process_group"] = time.time()
+        startup["process_start"] = _process_start_time()
+        worker = Worker(accelerator, rank, world_size, report_progress=channel.set_progress, startup=startup)
         logger.debug("rank %d/%d ready (pid %d)", rank, world_size, os.getpid())
         _serve(channel, worker)
     except Exception:
@@ -199,7 +215,20 @@ def main() -> None:
         code = 1
     finally:
         _shutdown(channel)
-    sys.exit(code)
+    # Leave without the interpreter's teardown: with torch and transformers loaded, finalize_modules' garbage
+    # collection alone took seconds (a gdb stack of a rank that had shut down), and the Session waits for this
+    # exit in close(). Nothing is left to flush: commands are done, logs went through the closed channel, the
+    # shared-memory segment was unlinked at start, the process group is destroyed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _process_start_time() -> float:
+    """When this process was created (wall clock); its start-up marks count from here."""
+    import psutil
+
+    return float(psutil.Process(os.getpid()).create_time())
 
 
 def _serve(channel: Any, worker: Worker) -> None:

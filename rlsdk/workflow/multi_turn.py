@@ -121,6 +121,8 @@ class MultiTurnWorkflow:
         call_end: text that ends a tool call (the turn is cut right after it); ``None`` never cuts.
         format_output: turns the env's answer into the text appended to the context.
         env_errors: ``"raise"`` or ``"message"``.
+        eos_token_ids: the ids that end a sample's episode (``Session.special_tokens.eos_token_ids``: every EOS
+            id of the model); ``None`` = the tokenizer's ``eos_token_id``.
 
     Raises:
         ValueError: ``max_turns < 1``, an empty ``call_end``, or an unknown ``env_errors``.
@@ -137,6 +139,7 @@ class MultiTurnWorkflow:
         call_end: str | None = "</tool>",
         format_output: Callable[[str], str] = default_format_output,
         env_errors: EnvErrors = "raise",
+        eos_token_ids: Sequence[int] | None = None,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns={max_turns!r} is invalid: allowed >= 1")
@@ -152,6 +155,10 @@ class MultiTurnWorkflow:
         self.call_end = call_end
         self.format_output = format_output
         self.env_errors = env_errors
+        if eos_token_ids is None:
+            eos = getattr(tokenizer, "eos_token_id", None)
+            eos_token_ids = () if eos is None else (eos,)
+        self.eos_token_ids = frozenset(int(i) for i in eos_token_ids)
 
     def _cut(self, ids: list[int]) -> tuple[int, str]:
         """The number of tokens up to and including the first ``call_end``, and their text."""
@@ -194,7 +201,6 @@ class MultiTurnWorkflow:
     ) -> Rollout:
         tokenizer = self.tokenizer
         pad = tokenizer.pad_token_id
-        eos = getattr(tokenizer, "eos_token_id", None)
         prompt_ids = [list(tokenizer(row["prompt"])["input_ids"]) for row in rows]
         samples = [
             _Sample(row_index=g, context=list(prompt_ids[g])) for g in range(len(rows)) for _ in range(group_size)
@@ -223,7 +229,7 @@ class MultiTurnWorkflow:
                 sample.context += ids
                 sample.turns += 1
                 generated_texts[i].append(text)
-                ended = eos is not None and eos in ids
+                ended = not self.eos_token_ids.isdisjoint(ids)
                 call = None if ended or turn == self.max_turns - 1 else await self._parse(text)
                 if call is None:
                     sample.done = True

@@ -10,6 +10,7 @@ import torch
 
 from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams
 from rlsdk.engine.inference.sampling import left_pad
+from rlsdk.engine.inference.stopping import cut_at_stop
 from rlsdk.workflow.rollout import Rollout
 
 
@@ -26,11 +27,21 @@ class RolloutWorkflow(Protocol):
 
 
 class SingleTurnWorkflow:
-    """Tokenise each prompt, sample ``group_size`` completions from the engine, decode them."""
+    """Tokenise each prompt, sample ``group_size`` completions from the engine, decode them.
 
-    def __init__(self, tokenizer: Any, params: SamplingParams) -> None:
+    A completion's text is cut before the first of ``params.stop`` it holds (vLLM's semantics, see
+    :mod:`rlsdk.engine.inference.stopping`); its tokens stay as generated. ``info["finish_reasons"]`` says per
+    sample why it ended: ``"eos"`` (its last token is one of ``eos_token_ids``, default: the tokenizer's EOS),
+    ``"stop"`` (a stop string) or ``"length"`` (``max_new_tokens`` reached).
+    """
+
+    def __init__(self, tokenizer: Any, params: SamplingParams, *, eos_token_ids: Sequence[int] | None = None) -> None:
         self.tokenizer = tokenizer
         self.params = params
+        if eos_token_ids is None:
+            eos = getattr(tokenizer, "eos_token_id", None)
+            eos_token_ids = () if eos is None else (eos,)
+        self.eos_token_ids = tuple(int(i) for i in eos_token_ids)
         # the last request() answer and its key (prompts, group size, params): the Session's look-ahead asks for
         # the next batch, then arun_batch asks again for the same rows; tokenised once
         self._last_request: tuple[tuple[Any, ...], tuple[list[list[int]], list[list[int]], SamplingParams]] | None = (
@@ -65,6 +76,12 @@ class SingleTurnWorkflow:
         completions = decode_completions(
             self.tokenizer, torch.where(result.completion_mask_B_C, result.completion_ids_B_C, pad).tolist()
         )
+        finish_reasons = finish_reasons_of(result.completion_ids_B_C, result.completion_mask_B_C, self.eos_token_ids)
+        if params.stop:
+            for b, text in enumerate(completions):
+                completions[b], stopped = cut_at_stop(text, params.stop)
+                if stopped and finish_reasons[b] != "eos":
+                    finish_reasons[b] = "stop"
         return Rollout(
             rows=[dict(row) for row in rows],
             group_size=group_size,
@@ -75,7 +92,17 @@ class SingleTurnWorkflow:
             logprobs_B_C=result.logprobs_B_C,
             versions_B_C=result.versions_B_C,
             completions=completions,
+            info={"finish_reasons": finish_reasons},
         )
+
+
+def finish_reasons_of(ids_B_C: torch.Tensor, mask_B_C: torch.Tensor, eos_token_ids: Sequence[int]) -> list[str]:
+    """Per row, ``"eos"`` when its last generated token is an EOS id, else ``"length"`` (the caller marks rows a
+    stop string ended)."""
+    lengths_B = mask_B_C.sum(dim=1)
+    last_B = ids_B_C.gather(1, (lengths_B - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+    eos_B = torch.isin(last_B, torch.tensor(list(eos_token_ids), dtype=torch.long)) & (lengths_B > 0)
+    return ["eos" if eos else "length" for eos in eos_B.tolist()]
 
 
 def decode_completions(tokenizer: Any, ids: list[list[int]]) -> list[str]:

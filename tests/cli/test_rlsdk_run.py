@@ -43,3 +43,41 @@ def test_rlsdk_run_missing_config_file_exits_2_without_traceback(tmp_path: Path)
     assert result.returncode == 2
     assert "missing.yaml" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_rlsdk_run_help_lists_recipe_values_apart_from_library_defaults() -> None:
+    result = _rlsdk("run", "recipes/grpo_reverse.py", "--help")
+
+    assert result.returncode == 0
+    assert "Recipe values vs library defaults" in result.stdout
+    assert "--train.max-steps 2000  (library default: 1000)" in result.stdout
+    assert "--rollout.max-new-tokens 5  (library default: 32)" in result.stdout
+    assert "--train.lr" not in result.stdout.split("Recipe values vs library defaults")[1].split("╭")[0]  # same value
+
+
+def test_load_recipe_without_main_or_reward_raises_naming_both(tmp_path: Path) -> None:
+    recipe = tmp_path / "bad.py"
+    recipe.write_text("def config():\n    return None\n")
+
+    with pytest.raises(AttributeError, match=r"main\(\).*or reward"):
+        load_recipe(str(recipe))
+
+
+@pytest.mark.distributed
+def test_rlsdk_run_recipe_with_reward_only_trains_through_session_train(tiny_model_dir: Path, tmp_path: Path) -> None:
+    recipe = tmp_path / "reward_only.py"
+    recipe.write_text(
+        "from rlsdk.config import DataConfig, ModelConfig, ObserveConfig, RolloutConfig, SessionConfig, TrainConfig\n"
+        "from rlsdk.rewards import reverse_reward as reward\n\n\n"
+        "def config():\n"
+        f"    return SessionConfig(model=ModelConfig(path={str(tiny_model_dir)!r}),\n"
+        "        train=TrainConfig(max_steps=2, micro_batch_size=8),\n"
+        "        rollout=RolloutConfig(group_size=2, max_new_tokens=5),\n"
+        "        data=DataConfig(prompts_per_step=2, num_examples=16),\n"
+        f"        observe=ObserveConfig(output_dir={str(tmp_path / 'out')!r}, console=False))\n"
+    )
+
+    result = _rlsdk("run", str(recipe))
+
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir()) == ["step_2"]

@@ -81,3 +81,27 @@ def test_session_config_rloo_with_group_size_1_raises_naming_group_size(algorith
 
     assert info.value.field == "rollout.group_size"
     assert "algorithm.advantage is 'rloo'" in info.value.allowed
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "dapo", "gspo", "reinforce_pp_baseline"])
+def test_session_config_group_relative_advantage_with_group_size_1_raises_naming_group_size(name: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        SessionConfig(
+            model=ModelConfig(path="models/tiny"),
+            algorithm=AlgorithmConfig(name=name),
+            rollout=RolloutConfig(group_size=1),
+        )
+
+    assert info.value.field == "rollout.group_size"
+    assert "an int >= 2 when algorithm.advantage is" in info.value.allowed
+    assert "reinforce_pp" in info.value.allowed  # the estimator that works with one sample per prompt
+
+
+def test_session_config_reinforce_pp_with_group_size_1_is_allowed() -> None:
+    config = SessionConfig(
+        model=ModelConfig(path="models/tiny"),
+        algorithm=AlgorithmConfig(name="reinforce_pp"),
+        rollout=RolloutConfig(group_size=1),
+    )
+
+    assert config.rollout.group_size == 1

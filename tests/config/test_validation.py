@@ -248,3 +248,12 @@ def test_colocated_engine_with_ddp_and_sequential_rollouts_is_accepted() -> None
     config = SessionConfig(model=ModelConfig(path="models/tiny"), inference=InferenceConfig(engine="colocated"))
 
     assert config.inference.engine == "colocated" and config.train.parallelism == "ddp"
+
+
+def test_rollout_config_stop_with_an_empty_string_raises_naming_stop() -> None:
+    with pytest.raises(ConfigError) as info:
+        RolloutConfig(stop=("</answer>", ""))
+
+    assert info.value.field == "RolloutConfig.stop"
+    assert "non-empty" in info.value.allowed
+    assert RolloutConfig(stop=("</answer>",)).stop == ("</answer>",)

@@ -110,3 +110,14 @@ def test_embedded_engine_reports_each_chunk_to_the_call_progress(tmp_path: Path)
             await engine.close()
 
     assert asyncio.run(call()).done == 5
+
+
+def test_phase_progress_records_the_seconds_of_each_finished_phase_even_when_disabled() -> None:
+    progress = PhaseProgress(START_PHASES, desc="Session.start", enabled=False)
+
+    for phase in START_PHASES:
+        progress(phase)
+    progress.close()
+
+    assert list(progress.seconds) == list(START_PHASES[:-1])  # 'ready' ends the bar, it takes no time
+    assert all(seconds >= 0.0 for seconds in progress.seconds.values())

@@ -112,8 +112,18 @@ def test_rank_killed_mid_update_is_named_with_its_signal_and_restart_resumes_fro
     small_config: SessionConfig,
 ) -> None:
     async def kill_rank1_soon(session: Session) -> None:
+        # as the next update command goes out: the rank dies inside it (a kill timed from the start of the step
+        # could land during the rollout, and a fault between calls is reported as SessionClosedError instead)
         pid = session.rank_info[1]["pid"]
-        asyncio.get_running_loop().call_later(0.05, os.kill, pid, signal.SIGKILL)
+        broadcast = session._broadcast
+
+        async def broadcast_then_kill(command: str, *args: Any, **kwargs: Any) -> Any:
+            if command == "update":
+                session._broadcast = broadcast  # type: ignore[method-assign]
+                asyncio.get_running_loop().call_soon(os.kill, pid, signal.SIGKILL)
+            return await broadcast(command, *args, **kwargs)
+
+        session._broadcast = broadcast_then_kill  # type: ignore[method-assign]
 
     out = asyncio.run(_fault_then_restart(small_config, kill_rank1_soon, _step))
 

@@ -25,6 +25,7 @@ import torch
 
 from rlsdk.engine.inference.protocol import GenerateResult, SamplingParams, WeightInfo
 from rlsdk.engine.inference.sampling import _validate_params
+from rlsdk.engine.inference.stopping import check_stop_strings, token_id_list
 from rlsdk.observe.logging import get_logger
 
 logger = get_logger(__name__)
@@ -71,12 +72,13 @@ class ColocatedEngine:
         num_ranks: int,
         *,
         pad_token_id: int,
-        eos_token_id: int,
+        eos_token_id: int | Sequence[int],
         max_batch_size: int = 1024,
         version: int = 0,
         checksum: str = "",
     ) -> None:
-        """Raises ValueError for ``num_ranks < 1`` or ``max_batch_size < 1``."""
+        """``eos_token_id``: the id, or every id, that ends a completion (stop strings are matched on the ranks with
+        the model's tokenizer). Raises ValueError for ``num_ranks < 1`` or ``max_batch_size < 1``."""
         if num_ranks < 1:
             raise ValueError(f"num_ranks={num_ranks!r} is invalid: allowed >= 1")
         if max_batch_size < 1:
@@ -84,7 +86,7 @@ class ColocatedEngine:
         self._broadcast = broadcast
         self._num_ranks = num_ranks
         self._pad_token_id = int(pad_token_id)
-        self._eos_token_id = int(eos_token_id)
+        self._eos_token_ids = token_id_list(eos_token_id)
         self._max_batch_size = max_batch_size
         self._version = version
         self._checksum = checksum
@@ -154,6 +156,7 @@ class ColocatedEngine:
         if empty:
             raise ValueError(f"prompt {empty[0]} is empty: every prompt needs at least one token")
         _validate_params(params.max_new_tokens, params.temperature, params.top_k, params.top_p)
+        check_stop_strings(params.stop)
         return prompts
 
     def _bodies(self, prompts: list[list[int]], params: SamplingParams) -> list[dict[str, Any]]:
@@ -161,6 +164,7 @@ class ColocatedEngine:
 
         fields = dataclasses.asdict(params)
         fields.pop("seed")
+        fields["stop"] = list(params.stop)
         n, world = len(prompts), self._num_ranks
         bounds = [n * rank // world for rank in range(world + 1)]
         return [
@@ -168,7 +172,7 @@ class ColocatedEngine:
                 **pack_prompts(prompts[bounds[rank] : bounds[rank + 1]]),
                 "params": fields,
                 "pad_token_id": self._pad_token_id,
-                "eos_token_id": self._eos_token_id,
+                "eos_token_id": self._eos_token_ids,
                 "max_batch_size": self._max_batch_size,
                 "seed": None if params.seed is None else request_seed(params.seed, rank),
             }

@@ -21,6 +21,7 @@ import torch
 
 from rlsdk.engine.inference.protocol import GenerateResult, SamplingParams, WeightInfo
 from rlsdk.engine.inference.sampling import sample_completions
+from rlsdk.engine.inference.stopping import SpecialTokens, StopCriteria, resolve_special_tokens, token_id_list
 from rlsdk.engine.weights import state_dict_checksum
 
 logger = logging.getLogger(__name__)
@@ -35,35 +36,16 @@ _DTYPES: dict[str, torch.dtype] = {
 }
 
 
-def _resolve_token_id(value: int | list[int] | None) -> int | None:
-    if isinstance(value, (list, tuple)):
-        return int(value[0]) if value else None
-    return None if value is None else int(value)
-
-
 def model_token_ids(path: str | Path) -> tuple[int, int]:
-    """``(pad_token_id, eos_token_id)`` of a model directory: from its ``generation_config.json``, else its
-    tokenizer; a missing pad id falls back to the eos id. Both engines resolve them here.
+    """``(pad_token_id, eos_token_id)`` of a model directory: the pad id and the first EOS id of
+    :func:`~rlsdk.engine.inference.stopping.resolve_special_tokens` (which every engine uses; this pair is for
+    code that knows one EOS id).
 
     Raises:
         ValueError: no eos id in the generation config or tokenizer.
     """
-    from transformers import AutoTokenizer, GenerationConfig
-
-    path = Path(path)
-    eos: int | None = None
-    pad: int | None = None
-    if (path / "generation_config.json").is_file():
-        generation_config = GenerationConfig.from_pretrained(path)
-        eos = _resolve_token_id(generation_config.eos_token_id)
-        pad = _resolve_token_id(generation_config.pad_token_id)
-    if eos is None or pad is None:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        eos = eos if eos is not None else tokenizer.eos_token_id
-        pad = pad if pad is not None else tokenizer.pad_token_id
-    if eos is None:
-        raise ValueError(f"no eos_token_id in {path}'s generation_config.json or tokenizer")
-    return (eos if pad is None else pad), eos
+    special = resolve_special_tokens(path)
+    return special.pad_token_id, special.eos_token_id
 
 
 def single_thread_caller() -> Callable[[], None]:
@@ -105,12 +87,15 @@ class EmbeddedEngine:
         model: torch.nn.Module,
         *,
         pad_token_id: int,
-        eos_token_id: int,
+        eos_token_id: int | Sequence[int],
         max_batch_size: int = 1024,
         version: int = 0,
         num_threads: int | None = None,
+        tokenizer: Any = None,
     ) -> None:
-        """Serve ``model`` (put in eval mode) as ``version``.
+        """Serve ``model`` (put in eval mode) as ``version``. ``eos_token_id``: the id, or every id, that ends a
+        completion. ``tokenizer``: decodes completions to match ``SamplingParams.stop`` strings (a request with
+        stop strings and no tokenizer raises ValueError).
 
         Raises:
             ValueError: ``max_batch_size < 1`` or ``num_threads < 1``.
@@ -121,7 +106,11 @@ class EmbeddedEngine:
             raise ValueError(f"num_threads={num_threads!r} is invalid: allowed >= 1 or None")
         self._model = model.eval()
         self._pad_token_id = int(pad_token_id)
-        self._eos_token_id = int(eos_token_id)
+        self._eos_token_ids = tuple(token_id_list(eos_token_id))
+        if not self._eos_token_ids:
+            raise ValueError("eos_token_id is empty: need at least one id that ends a completion")
+        self._tokenizer = tokenizer
+        self._tokenizer_path: Path | None = None  # from_pretrained's directory: its tokenizer, loaded when needed
         self._max_batch_size = max_batch_size
         self._version = version
         self._checksum = state_dict_checksum(self._model.state_dict())
@@ -158,11 +147,15 @@ class EmbeddedEngine:
         num_threads: int | None = None,
         max_batch_size: int = 1024,
         version: int = 0,
+        special_tokens: SpecialTokens | None = None,
+        tokenizer: Any = None,
     ) -> EmbeddedEngine:
         """Load a causal LM saved with ``save_pretrained`` at ``path`` (CPU, eval mode).
 
-        The pad and eos ids come from the directory's ``generation_config.json``, else its tokenizer; a
-        missing pad id falls back to the eos id. ``num_threads`` (default: the calling thread's
+        The pad and EOS ids are ``special_tokens``, else :func:`~rlsdk.engine.inference.stopping.resolve_special_tokens`
+        of ``path`` (every EOS id of ``generation_config.json`` and the tokenizer; pad = EOS when there is no pad).
+        ``tokenizer`` (else the directory's, loaded on the first request with stop strings) decodes completions to
+        match stop strings. ``num_threads`` (default: the calling thread's
         ``torch.get_num_threads()``) is applied with ``torch.set_num_threads`` on the engine's worker thread; with
         torch's OpenMP backend that count is the worker thread's own, other threads keep theirs (see
         :func:`single_thread_caller`).
@@ -176,16 +169,19 @@ class EmbeddedEngine:
             raise ValueError(f"dtype={dtype!r} is invalid: allowed {sorted(_DTYPES)}")
         path = Path(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
-        pad_token_id, eos_token_id = model_token_ids(path)
+        special = special_tokens if special_tokens is not None else resolve_special_tokens(path, tokenizer)
         logger.info("embedded engine serving %s (dtype %s) as version %d", path, dtype, version)
-        return cls(
+        engine = cls(
             model,
-            pad_token_id=pad_token_id,
-            eos_token_id=eos_token_id,
+            pad_token_id=special.pad_token_id,
+            eos_token_id=special.eos_token_ids,
             max_batch_size=max_batch_size,
             version=version,
             num_threads=num_threads,
+            tokenizer=tokenizer,
         )
+        engine._tokenizer_path = path
+        return engine
 
     @property
     def pad_token_id(self) -> int:
@@ -194,8 +190,28 @@ class EmbeddedEngine:
 
     @property
     def eos_token_id(self) -> int:
-        """Id that ends a completion."""
-        return self._eos_token_id
+        """The first id that ends a completion."""
+        return self._eos_token_ids[0]
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Every id that ends a completion."""
+        return self._eos_token_ids
+
+    def _stop_criteria(self, params: SamplingParams) -> StopCriteria:
+        """On the worker thread: the EOS ids, and ``params.stop`` matched on text decoded by the tokenizer."""
+        if params.stop and self._tokenizer is None:
+            if self._tokenizer_path is None:
+                raise ValueError("stop strings need the engine's tokenizer: build it with tokenizer=...")
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self._tokenizer_path)
+        tokenizer = self._tokenizer
+
+        def decode(ids: list[int]) -> str:
+            return tokenizer.decode(ids, skip_special_tokens=True)
+
+        return StopCriteria(self._eos_token_ids, params.stop, decode if params.stop else None)
 
     @property
     def version(self) -> int:
@@ -225,6 +241,7 @@ class EmbeddedEngine:
             generator = torch.Generator(device=self._generator.device).manual_seed(params.seed)
         else:
             generator = self._generator
+        stop_criteria = self._stop_criteria(params)
         chunks = []
         for start in range(0, len(prompt_ids), self._max_batch_size):
             self._apply_pending_load()
@@ -239,9 +256,10 @@ class EmbeddedEngine:
                 prompt_ids[start : start + self._max_batch_size],
                 params,
                 pad_token_id=self._pad_token_id,
-                eos_token_id=self._eos_token_id,
+                eos_token_id=self._eos_token_ids,
                 generator=generator,
                 before_step=before_step,
+                stop_criteria=stop_criteria,
             )
             versions_B_C = torch.full_like(ids_B_C, -1)
             for column, version in switches:

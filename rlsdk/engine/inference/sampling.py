@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from rlsdk.engine.inference.protocol import SamplingParams
+from rlsdk.engine.inference.stopping import StopCriteria
 
 
 def _validate_params(max_new_tokens: int, temperature: float, top_k: int, top_p: float) -> None:
@@ -68,9 +69,10 @@ def sample_completions(
     params: SamplingParams,
     *,
     pad_token_id: int,
-    eos_token_id: int,
+    eos_token_id: int | Sequence[int],
     generator: torch.Generator | None = None,
     before_step: Callable[[int], None] | None = None,
+    stop_criteria: StopCriteria | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sample one completion per prompt with a KV cache: prefill, then one token per step for the batch.
 
@@ -85,9 +87,11 @@ def sample_completions(
     recomputes with :func:`completion_logprobs` (filtering is treated as part of the environment, as vLLM
     does).
 
-    A row stops after it samples ``eos_token_id`` (the EOS token is part of the completion, its mask True);
-    the batch stops when every row has stopped or ``params.max_new_tokens`` tokens were drawn. The only
-    device-host sync per decode step is that one "all rows finished?" check.
+    A row stops after it samples any of the ``eos_token_id`` ids (the EOS token is part of the completion, its
+    mask True) or, with ``stop_criteria`` holding stop strings, after the token that completes one in its decoded
+    text (that token is kept too; see :mod:`rlsdk.engine.inference.stopping`); the batch stops when every row has
+    stopped or ``params.max_new_tokens`` tokens were drawn. Without stop strings the only device-host sync per
+    decode step is that one "all rows finished?" check.
 
     Runs under ``torch.inference_mode()``: the returned tensors are inference tensors; ``.clone()`` them
     outside inference mode before using them in autograd.
@@ -98,12 +102,13 @@ def sample_completions(
         params: ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``; ``params.seed`` is ignored here
             (the caller passes a seeded ``generator``).
         pad_token_id: id written after a row's end.
-        eos_token_id: id that ends a row.
+        eos_token_id: the id, or ids, that end a row (ignored when ``stop_criteria`` is given).
         generator: RNG for the draws; ``None`` uses torch's default generator.
         before_step: called as ``before_step(t)`` before the forward pass that yields token column ``t``
             (``t >= 1``; the prefill yields column 0). An interruptible engine swaps weights there: tokens from
             column ``t`` on come from the new weights, over the KV cache the old ones wrote (kept, not
             recomputed, as vLLM keeps in-flight requests across a weight update).
+        stop_criteria: what ends a row (EOS ids and stop strings); ``None``: the ``eos_token_id`` ids only.
 
     Returns:
         ``(completion_ids_B_C, completion_mask_B_C, logprobs_B_C)``: int64 ids (pad after the end), bool mask,
@@ -118,6 +123,7 @@ def sample_completions(
     top_k, top_p = params.top_k, params.top_p
     _validate_params(max_new_tokens, temperature, top_k, top_p)
     device = next(model.parameters()).device
+    stopping = stop_criteria if stop_criteria is not None else StopCriteria(eos_token_id)
     scale = temperature if temperature > 0 else 1.0
 
     with torch.inference_mode():
@@ -169,7 +175,7 @@ def sample_completions(
             logprobs_B_C[:, step] = torch.where(
                 active_B, logprobs_B_V.gather(-1, token_B.unsqueeze(-1)).squeeze(-1), 0.0
             )
-            finished_B = finished_B | (token_B == eos_token_id)
+            finished_B = finished_B | stopping.ended_B(tokens_B_C[:, : step + 1], active_B)
             steps = step + 1
             # One host sync per step: stop as soon as every row has ended.
             if steps == max_new_tokens or bool(finished_B.all()):

@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-from rlsdk.engine.inference.embedded import model_token_ids
 from rlsdk.engine.inference.protocol import GenerateResult, SamplingParams, WeightInfo
 from rlsdk.engine.inference.sampling import _validate_params
+from rlsdk.engine.inference.stopping import SpecialTokens, check_stop_strings, resolve_special_tokens
 from rlsdk.engine.inference.vllm_auth import TOKEN_ENV
 from rlsdk.engine.inference.vllm_server import SERVED_MODEL_NAME, InferenceServerError, VLLMServer, http_client
 from rlsdk.engine.inference.weight_transfer import FileWeightTransfer, WeightTransfer
@@ -130,6 +130,7 @@ class VLLMEngine:
         url: str,
         *,
         pad_token_id: int,
+        eos_token_ids: Sequence[int] = (),
         server: VLLMServer | None = None,
         transfer: WeightTransfer | None = None,
         request_timeout_s: float = 600.0,
@@ -142,6 +143,9 @@ class VLLMEngine:
         self.server = server
         self.transfer: WeightTransfer = transfer if transfer is not None else FileWeightTransfer()
         self._pad_token_id = int(pad_token_id)
+        # Sent as every request's stop_token_ids: vLLM's own EOS handling reads the tokenizer's one id (and the
+        # generation config only with --generation-config auto), so the model's other EOS ids are named here.
+        self._eos_token_ids = [int(i) for i in eos_token_ids]
         self._request_timeout_s = request_timeout_s
         self._sync_timeout_s = sync_timeout_s
         self._client = http_client(
@@ -170,6 +174,7 @@ class VLLMEngine:
         transfer: WeightTransfer | None = None,
         runtime_dir: str | None = None,
         weights_dir: str | None = None,
+        special_tokens: SpecialTokens | None = None,
     ) -> VLLMEngine:
         """Start a vLLM server for ``model_path`` and return an engine serving v0.
 
@@ -177,7 +182,9 @@ class VLLMEngine:
         :class:`~rlsdk.runtime_dir.SessionRuntimeDir`; None = one of its own) and opens no TCP port; its token is
         fresh. ``weights_dir``: the only directory it loads published weights from (the Session's publish
         directory; None = any private rlsdk publish directory of this user). See
-        :meth:`~rlsdk.engine.inference.vllm_server.VLLMServer.start`.
+        :meth:`~rlsdk.engine.inference.vllm_server.VLLMServer.start`. ``special_tokens``: the pad and EOS ids
+        (default: resolved from ``model_path``, see :func:`~rlsdk.engine.inference.stopping.resolve_special_tokens`);
+        every EOS id stops a completion.
 
         Raises:
             ValueError: the model's head size is not supported by vLLM's CPU attention (checked before start).
@@ -187,7 +194,7 @@ class VLLMEngine:
         # Default: vLLM's reload (oneDNN-packed weights: fastest generation). InPlaceWeightTransfer syncs faster but
         # its plain F.linear weights generate ~2x slower on CPU (docs/howto/vllm.md, "Measured here").
         transfer = transfer if transfer is not None else FileWeightTransfer()
-        pad_token_id, _ = model_token_ids(model_path)
+        special = special_tokens if special_tokens is not None else resolve_special_tokens(model_path)
         server = await VLLMServer.start(
             model_path,
             kv_cache_gib=kv_cache_gib,
@@ -200,7 +207,8 @@ class VLLMEngine:
         )
         engine = cls(
             server.url,
-            pad_token_id=pad_token_id,
+            pad_token_id=special.pad_token_id,
+            eos_token_ids=special.eos_token_ids,
             server=server,
             transfer=transfer,
             request_timeout_s=request_timeout_s,
@@ -224,6 +232,7 @@ class VLLMEngine:
         request_timeout_s: float = 600.0,
         sync_timeout_s: float = 120.0,
         transfer: WeightTransfer | None = None,
+        special_tokens: SpecialTokens | None = None,
     ) -> VLLMEngine:
         """Use a running server at ``url`` (``http(s)://HOST:PORT``, or ``unix:/path/to.sock``), started with the
         flags of :func:`~rlsdk.engine.inference.vllm_server.server_command` (dev mode, ``--enable-scale-out``,
@@ -246,10 +255,11 @@ class VLLMEngine:
         )
         if not token:
             raise RuntimeError(f"cannot attach to the vLLM server at {url} without its token: {how}")
-        pad_token_id, _ = model_token_ids(model_path)
+        special = special_tokens if special_tokens is not None else resolve_special_tokens(model_path)
         engine = cls(
             url,
-            pad_token_id=pad_token_id,
+            pad_token_id=special.pad_token_id,
+            eos_token_ids=special.eos_token_ids,
             transfer=transfer,
             request_timeout_s=request_timeout_s,
             sync_timeout_s=sync_timeout_s,
@@ -336,6 +346,12 @@ class VLLMEngine:
             "top_k": params.top_k,
             "logprobs": 0,
         }
+        if self._eos_token_ids:
+            sampling["stop_token_ids"] = self._eos_token_ids
+        if params.stop:
+            # vLLM matches them on the detokenised output; the token completing one stays in token_ids (the
+            # trainer trains on it), the text (not read here) would exclude the string.
+            sampling["stop"] = list(params.stop)
         if seed is not None:
             sampling["seed"] = seed  # vLLM gives the n children seeds seed, seed + 1, ...
         body = await self._post(
@@ -363,6 +379,7 @@ class VLLMEngine:
             RuntimeError / TimeoutError / ConnectionError: the server rejected or did not answer a request.
         """
         _validate_params(params.max_new_tokens, params.temperature, params.top_k, params.top_p)
+        check_stop_strings(params.stop)
         prompts = [list(ids) for ids in prompt_ids]
         if not prompts:
             raise ValueError("prompt_ids is empty: need at least one prompt")

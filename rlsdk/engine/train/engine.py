@@ -175,6 +175,7 @@ class TrainEngine:
         self.on_progress: Callable[[int, int], None] | None = None
         # The sampling generator of colocated generation without a per-call seed (made on first use).
         self._generator: torch.Generator | None = None
+        self._tokenizer: Any = None  # decodes colocated completions for stop strings (made on first use)
         torch.manual_seed(config.seed)
         model = AutoModelForCausalLM.from_pretrained(
             config.model.path if resume_from is None else str(Path(resume_from) / "model"),
@@ -452,7 +453,7 @@ class TrainEngine:
         params: dict[str, Any],
         *,
         pad_token_id: int,
-        eos_token_id: int,
+        eos_token_id: int | list[int],
         max_batch_size: int,
         seed: int | None,
     ) -> dict[str, Any]:
@@ -460,7 +461,9 @@ class TrainEngine:
 
         :func:`~rlsdk.engine.inference.sampling.sample_completions` on the unwrapped model in eval mode, in
         chunks of ``max_batch_size`` prompts; no collective (each rank samples its own prompts, 'ddp' only).
-        ``params`` are :class:`~rlsdk.engine.inference.protocol.SamplingParams` fields; ``seed`` seeds this call's
+        ``params`` are :class:`~rlsdk.engine.inference.protocol.SamplingParams` fields (``stop`` strings are matched
+        on text decoded by the model's tokenizer, loaded on first use); ``eos_token_id`` is the id, or every id, that
+        ends a completion; ``seed`` seeds this call's
         generator (None: the rank's own generator, seeded once from ``seed`` of the config and the rank).
         Returns ``{"completion_ids", "completion_mask", "logprobs"}`` right-padded to this rank's longest
         completion, and ``"version"``, the weights' version.
@@ -474,7 +477,8 @@ class TrainEngine:
 
         if self.fsdp2:
             raise RuntimeError("colocated generation needs train.parallelism='ddp' (got 'fsdp2')")
-        sampling = SamplingParams(**params)
+        sampling = SamplingParams(**{**params, "stop": tuple(params.get("stop", ()))})
+        stop_criteria = self._stop_criteria(eos_token_id, sampling.stop)
         if seed is not None:
             generator = torch.Generator(device=self.accelerator.device).manual_seed(seed)
         else:
@@ -497,6 +501,7 @@ class TrainEngine:
                         pad_token_id=pad_token_id,
                         eos_token_id=eos_token_id,
                         generator=generator,
+                        stop_criteria=stop_criteria,
                     )
                 )
         finally:
@@ -516,6 +521,22 @@ class TrainEngine:
             "logprobs": torch.cat([pad_right(c[2], 0.0) for c in chunks]).float().cpu(),
             "version": self.version,
         }
+
+    def _stop_criteria(self, eos_token_id: int | list[int], stop: tuple[str, ...]) -> Any:
+        """What ends a colocated completion: the EOS ids, and ``stop`` matched on text decoded by the model's
+        tokenizer (loaded from ``model.path`` on the first request with stop strings)."""
+        from rlsdk.engine.inference.stopping import StopCriteria
+
+        if not stop:
+            return StopCriteria(eos_token_id)
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(
+                self.config.model.path, trust_remote_code=self.config.model.trust_remote_code
+            )
+        tokenizer = self._tokenizer
+        return StopCriteria(eos_token_id, stop, lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
 
     def weight_info(
         self, *, with_checksum: bool = True, algorithm: ChecksumAlgorithm = CHECKSUM_ALGORITHM

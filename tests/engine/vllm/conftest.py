@@ -1,7 +1,7 @@
 """One real vLLM server for the whole suite: a Session with ``inference.engine='vllm'`` on its own event loop.
 
 Every test in this folder is marked ``vllm`` and skips, with the import error as the reason, where vLLM is not
-installed (``pip install -e '.[vllm]'``, see docs/vllm.md).
+installed (``pip install -e '.[vllm]'``, see docs/howto/vllm.md).
 """
 
 from __future__ import annotations

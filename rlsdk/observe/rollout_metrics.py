@@ -1,0 +1,120 @@
+"""The per-step metrics users look for, as small pure functions returning namespaced dicts (tinker-cookbook's
+``rl/metrics.py`` style): ``Session.update`` merges them into its statistics, ``Session.evaluate`` into its own.
+
+- :func:`reward_metrics`: ``reward/mean``, ``reward/std`` and one ``reward/NAME`` per reward component.
+- :func:`completion_metrics`: ``completion/len_{mean,max,min}`` (generated tokens), ``completion/eos_rate``,
+  ``completion/stop_rate`` (a stop string) and ``completion/truncated_rate`` (hit ``max_new_tokens``).
+- :func:`throughput_metrics`: ``throughput/{rollout,update}_tokens_per_s``.
+- :func:`pass_metrics`: ``pass@1`` and ``pass@n`` of a batch of ``n`` samples per prompt.
+- :func:`samples_markdown`: a few prompts, completions and rewards as a Markdown table (TensorBoard's text tab,
+  the dashboard).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from rlsdk.workflow.rollout import Rollout
+
+
+def reward_metrics(rollout: Rollout, prefix: str = "reward") -> dict[str, float]:
+    """Mean and (sample) std of ``rollout.rewards_B``, and the unweighted mean of each component a
+    :func:`~rlsdk.rewards.combine_rewards` reward left in ``info["reward_components"]``. Empty without rewards."""
+    rewards_B = rollout.rewards_B
+    if rewards_B is None:
+        return {}
+    return {
+        f"{prefix}/mean": float(rewards_B.mean()),
+        f"{prefix}/std": float(rewards_B.std()) if rewards_B.numel() > 1 else 0.0,
+        **{f"{prefix}/{name}": float(v.mean()) for name, v in rollout.info.get("reward_components", {}).items()},
+    }
+
+
+def finish_reasons(rollout: Rollout, *, max_new_tokens: int, eos_token_ids: Sequence[int]) -> list[str]:
+    """Why each sample ended: ``"eos"``, ``"stop"`` (a stop string) or ``"length"``. The workflow's
+    ``info["finish_reasons"]`` when it recorded them (the default single-turn workflow does); else from the
+    tokens: ``"eos"`` when the last generated token is an EOS id, ``"length"`` when ``max_new_tokens`` were
+    generated, ``"stop"`` otherwise (a custom workflow cut it)."""
+    recorded = rollout.info.get("finish_reasons")
+    if recorded is not None and len(recorded) == rollout.num_samples:
+        return list(recorded)
+    mask_B_C = rollout.completion_mask_B_C
+    lengths_B = mask_B_C.sum(dim=1)
+    # the last generated (masked-in) position of each row; multi-turn tool tokens are masked out
+    positions_B_C = torch.arange(mask_B_C.shape[1]).expand_as(mask_B_C)
+    last_B = torch.where(mask_B_C, positions_B_C, -1).max(dim=1).values.clamp(min=0)
+    last_token_B = rollout.completion_ids_B_C.gather(1, last_B.unsqueeze(1)).squeeze(1)
+    eos_B = torch.isin(last_token_B, torch.tensor(list(eos_token_ids), dtype=torch.long)) & (lengths_B > 0)
+    return [
+        "eos" if eos else ("length" if length >= max_new_tokens else "stop")
+        for eos, length in zip(eos_B.tolist(), lengths_B.tolist())
+    ]
+
+
+def completion_metrics(
+    rollout: Rollout, *, max_new_tokens: int, eos_token_ids: Sequence[int], prefix: str = "completion"
+) -> dict[str, float]:
+    """Length statistics of the generated tokens (``completion_mask_B_C``) and the share of samples ended by an
+    EOS id, a stop string, or truncated at ``max_new_tokens`` (see :func:`finish_reasons`)."""
+    lengths_B = rollout.completion_mask_B_C.sum(dim=1).float()
+    reasons = finish_reasons(rollout, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids)
+    count = max(len(reasons), 1)
+    return {
+        f"{prefix}/len_mean": float(lengths_B.mean()),
+        f"{prefix}/len_max": float(lengths_B.max()),
+        f"{prefix}/len_min": float(lengths_B.min()),
+        f"{prefix}/eos_rate": reasons.count("eos") / count,
+        f"{prefix}/stop_rate": reasons.count("stop") / count,
+        f"{prefix}/truncated_rate": reasons.count("length") / count,
+    }
+
+
+def throughput_metrics(
+    *, rollout_tokens: float, rollout_s: float, update_tokens: float, update_s: float
+) -> dict[str, float]:
+    """Tokens per second of each phase: generated tokens over the rollout's seconds, trained completion tokens
+    over the update's. NaN where a phase's time is unknown or zero (the metrics writer drops NaN)."""
+
+    def rate(tokens: float, seconds: float) -> float:
+        return tokens / seconds if seconds > 0 and math.isfinite(seconds) else math.nan
+
+    return {
+        "throughput/rollout_tokens_per_s": rate(rollout_tokens, rollout_s),
+        "throughput/update_tokens_per_s": rate(update_tokens, update_s),
+    }
+
+
+def pass_metrics(
+    rewards_B: torch.Tensor, group_size: int, *, threshold: float = 1.0, prefix: str = "eval"
+) -> dict[str, float]:
+    """``pass@1`` (the share of samples whose reward is >= ``threshold``: the unbiased pass@1 estimate with
+    ``group_size`` samples per prompt) and, for ``group_size > 1``, ``pass@{group_size}`` (the share of prompts
+    with at least one such sample)."""
+    passed_G_S = (rewards_B >= threshold).view(-1, group_size)
+    out = {f"{prefix}/pass@1": float(passed_G_S.float().mean())}
+    if group_size > 1:
+        out[f"{prefix}/pass@{group_size}"] = float(passed_G_S.any(dim=1).float().mean())
+    return out
+
+
+def samples_markdown(rollout: Rollout, count: int = 4, *, max_chars: int = 300) -> str:
+    """The first sample of each of the first ``count`` prompts as a Markdown table (prompt, completion, reward);
+    text cut at ``max_chars``."""
+
+    def cell(text: object) -> str:
+        value = str(text)
+        if len(value) > max_chars:
+            value = value[:max_chars] + "…"
+        return value.replace("|", "\\|").replace("\n", "⏎")
+
+    lines = ["| prompt | completion | reward |", "| --- | --- | --- |"]
+    for g, row in enumerate(rollout.rows[:count]):
+        b = g * rollout.group_size
+        reward = "" if rollout.rewards_B is None else f"{float(rollout.rewards_B[b]):.3f}"
+        lines.append(f"| {cell(row.get('prompt', ''))} | {cell(rollout.completions[b])} | {reward} |")
+    return "\n".join(lines)

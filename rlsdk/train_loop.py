@@ -1,0 +1,221 @@
+"""The library's training loop: what ``Session.train`` runs, and what ``rlsdk run`` and the recipes call.
+
+One step is the four calls a notebook makes one cell at a time (``rollout -> reward -> update -> sync_weights``);
+around them the loop honours the config's loop fields, or the arguments that override them:
+
+- ``steps``: update steps to run now; default ``train.max_steps - session.step`` (a resumed run continues up to
+  the same total, as TRL's and verl's ``max_steps`` / ``total_training_steps`` count).
+- ``checkpoint_every`` (``train.checkpoint_every``): a checkpoint when ``session.step`` is a multiple; 0 = none
+  on the way. The loop always ends with a checkpoint of its last step (``train.checkpoint_every``'s "0 = only at
+  the end"), unless one was just written.
+- ``eval_every`` (``train.eval_every``): ``Session.evaluate`` on the held-out prompts when ``session.step`` is a
+  multiple, and after the last step; 0 = never.
+- ``target_reward`` (``train.target_reward``): stop once the mean reward over the last ``observe.moving_average``
+  steps reaches it (not before that many steps ran).
+
+With ``rollout.mode='async'`` the same calls overlap generation with training (``Session.rollout`` hands out the
+batch generated in the background). The loop returns a :class:`TrainSummary`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlsdk.observe.logging import get_logger
+
+if TYPE_CHECKING:
+    from rlsdk.config import SessionConfig
+    from rlsdk.rewards.apply import RewardFn
+    from rlsdk.session import Session
+
+logger = get_logger(__name__)
+
+
+@dataclass
+class TrainSummary:
+    """What a :func:`train` call did.
+
+    Attributes:
+        steps: Update steps this call ran.
+        last_step: ``session.step`` at the end (counts resumed steps too).
+        final_reward: Moving mean reward (``observe.moving_average`` steps) after the last step; NaN if none ran.
+        best_reward: Highest moving mean reward seen in this call; NaN if no step ran.
+        target_reward: The target this call stopped at, or None.
+        target_metric: The update metric ``target_reward`` applies to (moving mean).
+        reached_target_at: ``session.step`` when the moving mean of ``target_metric`` reached ``target_reward``;
+            None if it never did.
+        checkpoints: Checkpoint directories written, in order.
+        evaluations: ``Session.evaluate`` results, each with its ``step``.
+        rewards: ``reward/mean`` of each step of this call.
+        seconds: Wall time of this call.
+    """
+
+    steps: int
+    last_step: int
+    final_reward: float
+    best_reward: float
+    target_reward: float | None
+    target_metric: str
+    reached_target_at: int | None
+    checkpoints: list[Path] = field(default_factory=list)
+    evaluations: list[dict[str, float]] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def reached_target(self) -> bool:
+        """Whether the moving mean reward reached ``target_reward``."""
+        return self.reached_target_at is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values (paths as strings), e.g. for JSON."""
+        out = asdict(self)
+        out["checkpoints"] = [str(p) for p in self.checkpoints]
+        out["reached_target"] = self.reached_target
+        return out
+
+
+def _check_every(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name}={value!r} is invalid: allowed an int >= 0 (0 = never)")
+    return value
+
+
+async def train(
+    session: Session,
+    reward_fn: RewardFn,
+    *,
+    steps: int | None = None,
+    checkpoint_every: int | None = None,
+    eval_every: int | None = None,
+    eval_prompts: Sequence[Any] | dict[str, list[Any]] | None = None,
+    target_reward: float | None = None,
+    target_metric: str = "reward/mean",
+    progress: bool = True,
+    on_step: Callable[[dict[str, float]], None] | None = None,
+) -> TrainSummary:
+    """Run ``session``'s RL loop with ``reward_fn``; see the module docstring for what each argument overrides.
+
+    ``None`` for ``steps``, ``checkpoint_every``, ``eval_every`` and ``target_reward`` means the config's value;
+    ``checkpoint_every=0`` writes only the final checkpoint, ``eval_every=0`` never evaluates and
+    ``target_reward=math.inf`` never stops early. ``eval_prompts``: what :meth:`Session.evaluate` scores (``None``:
+    its held-out default). ``target_metric``: the :meth:`Session.update` metric whose moving mean
+    ``target_reward`` applies to (e.g. one component of a :func:`~rlsdk.rewards.combine_rewards` reward,
+    ``"reward/answer"``). ``progress``: a bar over the steps with the moving reward, loss and served version
+    (tqdm: a widget in Jupyter, text in a terminal). ``on_step(stats)`` is called after each step's sync with
+    :meth:`Session.update`'s metrics.
+
+    Raises:
+        ValueError: a negative ``steps``, ``checkpoint_every`` or ``eval_every``.
+        KeyError: ``target_metric`` is not among the update's metrics (named, with the ones there are).
+        and whatever the four calls raise (the session stays usable for ``restart``).
+    """
+    config = session.config
+    start = time.perf_counter()
+    if steps is None:
+        steps = max(config.train.max_steps - session.step, 0)
+    steps = _check_every("steps", steps)
+    checkpoint_every = _check_every(
+        "checkpoint_every", config.train.checkpoint_every if checkpoint_every is None else checkpoint_every
+    )
+    eval_every = _check_every("eval_every", config.train.eval_every if eval_every is None else eval_every)
+    target = config.train.target_reward if target_reward is None else target_reward
+    if target is not None and math.isinf(target) and target > 0:
+        target = None
+    window = config.observe.moving_average
+
+    summary = TrainSummary(
+        steps=0, last_step=session.step, final_reward=math.nan, best_reward=math.nan, target_reward=target,
+        target_metric=target_metric, reached_target_at=None,
+    )  # fmt: skip
+    bar = _step_bar(steps, progress)
+    last_checkpoint_step = last_eval_step = -1
+    targets: list[float] = []  # target_metric per step
+    try:
+        for _ in range(steps):
+            rollout = await session.reward(await session.rollout(), reward_fn)
+            stats = await session.update(rollout)
+            await session.sync_weights()
+            summary.steps += 1
+            summary.last_step = session.step
+            summary.rewards.append(stats["reward/mean"])
+            recent = summary.rewards[-window:]
+            summary.final_reward = sum(recent) / len(recent)
+            if math.isnan(summary.best_reward) or summary.final_reward > summary.best_reward:
+                summary.best_reward = summary.final_reward
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(
+                    reward=f"{summary.final_reward:.3f}",
+                    loss=f"{stats['train/loss']:.4f}",
+                    version=session.versions.engine_version,
+                )
+            if on_step is not None:
+                on_step(stats)
+            if checkpoint_every and session.step % checkpoint_every == 0:
+                summary.checkpoints.append(await session.save_checkpoint())
+                last_checkpoint_step = session.step
+            if eval_every and session.step % eval_every == 0:
+                summary.evaluations.append(await _evaluate(session, eval_prompts, reward_fn))
+                last_eval_step = session.step
+            if target is None:
+                continue
+            if target_metric not in stats:
+                raise KeyError(f"target_metric={target_metric!r} is not an update metric; there are: {sorted(stats)}")
+            targets.append(stats[target_metric])
+            moving = sum(targets[-window:]) / len(targets[-window:])
+            if len(targets) >= window and moving >= target:
+                summary.reached_target_at = session.step
+                logger.info(
+                    "moving mean %s %.3f reached train.target_reward=%g at step %d",
+                    target_metric,
+                    moving,
+                    target,
+                    session.step,
+                )
+                break
+        if summary.steps and eval_every and last_eval_step != session.step:
+            summary.evaluations.append(await _evaluate(session, eval_prompts, reward_fn))
+        if summary.steps and last_checkpoint_step != session.step:
+            summary.checkpoints.append(await session.save_checkpoint())
+    finally:
+        if bar is not None:
+            bar.close()
+    summary.seconds = time.perf_counter() - start
+    logger.info(
+        "trained %d steps in %.1f s (step %d): moving reward %.3f, best %.3f%s",
+        summary.steps,
+        summary.seconds,
+        summary.last_step,
+        summary.final_reward,
+        summary.best_reward,
+        "" if summary.reached_target_at is None else f", target {target:g} reached at step {summary.reached_target_at}",
+    )
+    return summary
+
+
+async def run(config: SessionConfig, reward_fn: RewardFn, **train_kwargs: Any) -> TrainSummary:
+    """Start a Session for ``config``, :func:`train` it with ``reward_fn`` (``train_kwargs`` as there), close it:
+    what ``rlsdk run`` does with a recipe that defines ``reward`` instead of ``main``."""
+    from rlsdk.session import Session
+
+    async with await Session.start(config) as session:
+        return await train(session, reward_fn, **train_kwargs)
+
+
+async def _evaluate(session: Session, prompts: Any, reward_fn: RewardFn) -> dict[str, float]:
+    result = await session.evaluate(prompts, reward_fn)
+    return {"step": float(session.step), **result}
+
+
+def _step_bar(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from rlsdk.observe.progress import make_bar
+
+    return make_bar(total=total, desc="train", unit="step", leave=True)
