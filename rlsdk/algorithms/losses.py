@@ -3,10 +3,29 @@
 ``policy_loss`` is the general PPO-style clipped surrogate with the options of the GRPO family (loss
 aggregation, token- or sequence-level ratio, KL estimator, entropy bonus, off-policy corrections);
 ``grpo_loss`` is its original fixed configuration (token-level ratio, token mean, k3 KL).
+
+Numerical guards (see docs/howto/algorithms.md, "Numerical guards"). Every ``exp`` of a log-ratio in the loss
+would overflow float32 above ~88.7: the loss turns inf, or stays finite while its gradient turns NaN (``inf * 0``
+in the backward of a clipped or dropped term). The guards, chosen so that nothing changes in the regime a
+healthy run lives in:
+
+- The PPO log-ratio (token-level, or GSPO's sequence-level one) is clamped to ``[-LOG_RATIO_LIMIT,
+  LOG_RATIO_LIMIT]`` (20, as verl) before ``exp``. Inside, loss and gradient are exact. Beyond, the ratio holds
+  at ``e^±20`` and the token carries no ratio gradient: for ``A > 0`` above the limit, and ``A < 0`` below it,
+  PPO's clip already zeroes that gradient; for ``A > 0`` below the limit the exact gradient is ``< 2.1e-9 A``;
+  only for ``A < 0`` above the limit does the guard remove a gradient, one larger than ``4.8e8 |A|`` that would
+  swamp every other token of the batch (such a ratio means mismatched log-probs, not learning).
+- The importance weight's log (``old - behaviour``) is clamped the same way (a constant: no gradient either way).
+- k3 is continued linearly above ``log_r = LOG_RATIO_LIMIT`` (value and slope continuous there): its gradient
+  keeps pulling the policy back toward the reference, with a bounded slope ``e^20 - 1``, where verl's clamp
+  (k3 <= 10) drops the gradient from ``log_r ~ 2.6`` on.
+- Tokens that ``is_cap_mode='mask'`` drops are removed with ``torch.where``, never multiplied by 0, so an
+  infinite term there cannot become NaN.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -15,6 +34,9 @@ LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_sum_fixed_len"]
 RatioLevel = Literal["token", "sequence"]
 KLEstimator = Literal["k1", "k2", "k3"]
 ISCapMode = Literal["truncate", "mask"]
+
+LOG_RATIO_LIMIT = 20.0
+"""Bound on every log-ratio the loss exponentiates (``e^20 ~ 4.85e8``); see the module docstring."""
 
 
 def _check_shape(name: str, tensor: torch.Tensor, expected: tuple[int, ...], expected_name: str) -> None:
@@ -45,6 +67,11 @@ def kl_penalty(logprobs_B_C: torch.Tensor, ref_logprobs_B_C: torch.Tensor, estim
         k2 = log_r ** 2 / 2          biased, low variance, >= 0
         k3 = exp(log_r) - log_r - 1  unbiased, low variance, >= 0 (GRPO's choice)
 
+    k3 overflows float32 for ``log_r > 88.7``; above ``LOG_RATIO_LIMIT`` (20) it is continued linearly,
+    ``k3(L) + (e^L - 1) (log_r - L)``, value and slope continuous at ``L``, so the estimate and its gradient stay
+    finite and keep pulling toward the reference. Below it k3 is exact (computed as ``expm1(log_r) - log_r``,
+    which avoids the cancellation of ``exp(log_r) - 1`` near 0).
+
     Args:
         logprobs_B_C: the policy's token log-probs (gradient flows through them).
         ref_logprobs_B_C: the reference policy's token log-probs (treated as constants), same shape.
@@ -63,7 +90,9 @@ def kl_penalty(logprobs_B_C: torch.Tensor, ref_logprobs_B_C: torch.Tensor, estim
     if estimator == "k2":
         return 0.5 * log_r_B_C * log_r_B_C
     if estimator == "k3":
-        return log_r_B_C.exp() - log_r_B_C - 1.0
+        inside_B_C = log_r_B_C.clamp(max=LOG_RATIO_LIMIT)  # its gradient passes AT the limit...
+        beyond_B_C = torch.relu(log_r_B_C - LOG_RATIO_LIMIT)  # ...this one's does not, so it is counted once
+        return torch.expm1(inside_B_C) - inside_B_C + math.expm1(LOG_RATIO_LIMIT) * beyond_B_C
     raise ValueError(f"estimator={estimator!r} is invalid: allowed 'k1', 'k2', 'k3'")
 
 
@@ -127,6 +156,12 @@ def policy_loss(
     ``behaviour`` log-probs and ``advantages_B`` are treated as constants. Masked positions may hold any
     value, non-finite included.
 
+    Numerical guards (module docstring): the log-ratio (token or sequence) and the importance weight's log are
+    clamped to ``[-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT]`` before ``exp`` (beyond, no ratio gradient), k3 is
+    continued linearly above ``log_r = LOG_RATIO_LIMIT``, and tokens dropped by ``is_cap_mode='mask'`` are
+    removed with ``torch.where``. Loss and gradients are finite for any finite log-probs at masked-in
+    positions (and ``±inf`` ones for the token ratio); a NaN there propagates.
+
     Args:
         logprobs_B_C: current policy's token log-probs (with grad), float.
         old_logprobs_B_C: the proximal ("old") policy's token log-probs, the PPO ratio's denominator.
@@ -152,7 +187,8 @@ def policy_loss(
         tokens, left on device (no host sync): ``loss_sum`` (of ``l_it``), ``clipped_tokens`` (tokens where
         the clipped term is the smaller one, i.e. the gradient is zeroed), ``ratio_sum``, ``kl_sum`` (the
         chosen estimator; 0 without a reference), ``tokens``, ``is_weight_sum`` (of ``w`` after the cap; equal
-        to ``tokens`` without behaviour log-probs) and ``is_capped_tokens`` (tokens whose weight hit the cap).
+        to ``tokens`` without behaviour log-probs), ``is_capped_tokens`` (tokens whose weight hit the cap) and
+        ``ratio_limited_tokens`` (tokens whose log-ratio lay beyond ``LOG_RATIO_LIMIT``: the guard engaged).
 
     Raises:
         ValueError: a tensor's shape differs from ``logprobs_B_C``'s (naming it), a negative coefficient or
@@ -203,7 +239,8 @@ def policy_loss(
         seq_log_ratio_B_1 = (log_ratio_B_C.sum(dim=1) / tokens_B.clamp(min=1.0)).unsqueeze(1)
         safe_logprobs_B_C = torch.where(mask_B_C, logprobs_B_C, zero)
         log_ratio_B_C = seq_log_ratio_B_1.detach() + safe_logprobs_B_C - safe_logprobs_B_C.detach()
-    ratio_B_C = log_ratio_B_C.exp()
+    limited_B_C = (log_ratio_B_C.detach().abs() > LOG_RATIO_LIMIT) & mask_B_C
+    ratio_B_C = log_ratio_B_C.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT).exp()
     advantages_B_1 = advantages_B.detach().to(logprobs_B_C.dtype).unsqueeze(1)
     surrogate_B_C = ratio_B_C * advantages_B_1
     clipped_surrogate_B_C = ratio_B_C.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high) * advantages_B_1
@@ -214,12 +251,15 @@ def policy_loss(
     capped_B_C = torch.zeros(shape_B_C, dtype=torch.bool, device=logprobs_B_C.device)
     if behaviour_logprobs_B_C is not None:
         behaviour_log_w_B_C = old_logprobs_B_C.detach() - behaviour_logprobs_B_C.detach()
-        weight_B_C = torch.where(mask_B_C, behaviour_log_w_B_C.to(logprobs_B_C.dtype), zero).exp()
+        log_w_B_C = torch.where(mask_B_C, behaviour_log_w_B_C.to(logprobs_B_C.dtype), zero)
+        weight_B_C = log_w_B_C.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT).exp()
         if is_cap is not None:
             capped_B_C = (weight_B_C > is_cap) & mask_B_C
             capped_value = is_cap if is_cap_mode == "truncate" else 0.0
             weight_B_C = torch.where(capped_B_C, capped_value, weight_B_C)
         token_loss_B_C = weight_B_C * token_loss_B_C
+        if is_cap_mode == "mask":  # dropped, not multiplied by 0: 0 * inf would be NaN
+            token_loss_B_C = torch.where(capped_B_C, zero, token_loss_B_C)
 
     if ref_logprobs_B_C is not None:
         safe_ref_B_C = torch.where(mask_B_C, ref_logprobs_B_C.detach(), zero)
@@ -254,6 +294,7 @@ def policy_loss(
         "tokens": tokens,
         "is_weight_sum": torch.where(mask_B_C, weight_B_C, zero).sum().detach().float(),
         "is_capped_tokens": capped_B_C.sum().to(torch.float32),
+        "ratio_limited_tokens": limited_B_C.sum().to(torch.float32),
     }
     return loss, metrics
 
@@ -280,8 +321,10 @@ def grpo_loss(
         loss_t = -min(ratio * A, clip(ratio, 1 - clip_eps_low, 1 + clip_eps_high) * A)
                  + kl_coef * (exp(ref - logprobs) - (ref - logprobs) - 1)   # k3 KL estimator, if kl_coef > 0
 
-    ``loss = sum over masked tokens of loss_t / num_tokens``. Unlike the per-sequence mean of the GRPO paper,
-    every token weighs the same (DAPO, Yu et al. 2025; asymmetric "clip-higher" via ``clip_eps_high``).
+    ``loss = sum over masked tokens of loss_t / num_tokens``. The numerical guards of :func:`policy_loss` apply
+    (log-ratio clamped to ``±LOG_RATIO_LIMIT`` before ``exp``, k3 continued linearly beyond it). Unlike the
+    per-sequence mean of the GRPO paper, every token weighs the same (DAPO, Yu et al. 2025; asymmetric
+    "clip-higher" via ``clip_eps_high``).
     ``num_tokens`` is the completion-token count of the GLOBAL batch: micro-batches (or ranks) that each pass
     the global count sum to the global token mean, so gradient accumulation and data parallelism need no
     rescaling. It defaults to ``mask_B_C.sum()`` (this batch is the global batch).

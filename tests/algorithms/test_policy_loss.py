@@ -259,6 +259,19 @@ def test_policy_loss_truncated_is_metrics_count_capped_tokens() -> None:
     )
 
 
+def test_policy_loss_masked_is_metrics_count_dropped_tokens_and_sum_kept_weights() -> None:
+    data = _batch()
+    mask = data["mask_B_C"]
+    weight = (data["old_logprobs_B_C"] - data["behaviour_logprobs_B_C"]).exp()
+
+    _, metrics = _call(data, _options(behaviour=True, is_cap=1.1, is_cap_mode="mask"))
+
+    dropped = (weight > 1.1) & mask
+    assert 0 < int(dropped.sum()) < int(mask.sum())
+    torch.testing.assert_close(metrics["is_capped_tokens"], dropped.sum().float(), rtol=0, atol=0)
+    torch.testing.assert_close(metrics["is_weight_sum"], weight[mask & ~dropped].sum().float(), rtol=1e-6, atol=1e-6)
+
+
 def test_policy_loss_without_behaviour_logprobs_has_unit_weights() -> None:
     data = _batch()
 
