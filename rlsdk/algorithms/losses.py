@@ -47,15 +47,27 @@ def _check_shape(name: str, tensor: torch.Tensor, expected: tuple[int, ...], exp
 def _normaliser(
     name: str, value: float | torch.Tensor | None, default: torch.Tensor, like: torch.Tensor
 ) -> torch.Tensor | float:
-    """``value`` (a float or 0-d tensor > 0) on ``like``'s device and dtype, or ``default`` when None."""
+    """``value`` (a finite float or 0-d real tensor > 0) on ``like``'s device and dtype, or ``default`` when None.
+
+    A 0-d tensor is read to validate it: free on the CPU, one scalar device-to-host read on an accelerator (pass
+    a Python float there to avoid it, as the train engine does). A device-side assert was the alternative; it
+    leaves the CUDA context unusable and its message does not reach Python, so a notebook would lose its
+    kernel's GPU over a bad argument. Unvalidated, a negative count silently flips the loss's sign and zero
+    makes it infinite.
+    """
     if value is None:
         return default
+    allowed = "allowed a finite number > 0 (a float or a 0-d real tensor)"
     if isinstance(value, torch.Tensor):
         if value.dim() != 0:
             raise ValueError(f"{name} must be a float or 0-d tensor, got shape {tuple(value.shape)}")
+        if value.dtype == torch.bool or value.is_complex():
+            raise ValueError(f"{name} has dtype {value.dtype}: {allowed}")
+        if not 0 < float(value) < math.inf:
+            raise ValueError(f"{name}={float(value)!r} (a 0-d tensor) is invalid: {allowed}")
         return value.to(device=like.device, dtype=like.dtype)
-    if not value > 0:
-        raise ValueError(f"{name}={value!r} is invalid: allowed > 0")
+    if isinstance(value, bool) or not 0 < value < math.inf:
+        raise ValueError(f"{name}={value!r} is invalid: {allowed}")
     return value
 
 
@@ -148,9 +160,11 @@ def policy_loss(
     whole batch's ``num_tokens`` / ``num_sequences`` (and the same ``max_len``) sum to the whole-batch loss,
     so gradient accumulation and data parallelism need no rescaling (with DDP, which averages gradients
     over ranks, pass the global count divided by the world size). Defaults: ``num_tokens =
-    max(mask.sum(), 1)``, ``num_sequences = B`` (this batch is the whole batch); ``max_len`` has no default
-    (Dr. GRPO's constant is the generation limit, not this batch's padded width). A sequence with no
-    masked token contributes 0 to ``seq_mean_token_mean`` but still counts in ``num_sequences``.
+    max(mask.sum(), 1)``, ``num_sequences = max(B, 1)`` (this batch is the whole batch); ``max_len`` has no
+    default (Dr. GRPO's constant is the generation limit, not this batch's padded width). A sequence with no
+    masked token contributes 0 to ``seq_mean_token_mean`` but still counts in ``num_sequences`` (verl's
+    default leaves it out). A batch with no masked token (``B = 0`` included) gives loss 0 under every
+    aggregation, with zero gradients.
 
     Gradients flow through ``logprobs_B_C`` (and ``entropy_B_C`` if it has a graph); ``old``, ``ref``,
     ``behaviour`` log-probs and ``advantages_B`` are treated as constants. Masked positions may hold any
@@ -178,8 +192,8 @@ def policy_loss(
         behaviour_logprobs_B_C: the sampling (behaviour) policy's token log-probs, for the importance weight.
         is_cap: > 0, the importance weight's cap; None = uncapped.
         is_cap_mode: 'truncate' (TIS) or 'mask' (decoupled PPO's cap).
-        num_tokens: float or 0-d tensor > 0, the global batch's completion-token count (token_mean).
-        num_sequences: float or 0-d tensor > 0, the global batch's sequence count (seq_* aggregations).
+        num_tokens: finite float or 0-d tensor > 0, the global batch's completion-token count (token_mean).
+        num_sequences: finite float or 0-d tensor > 0, the global batch's sequence count (seq_* aggregations).
         max_len: int >= 1, the fixed length of seq_sum_fixed_len (the rollout's ``max_new_tokens``).
 
     Returns:
@@ -192,7 +206,9 @@ def policy_loss(
 
     Raises:
         ValueError: a tensor's shape differs from ``logprobs_B_C``'s (naming it), a negative coefficient or
-            clip range, a missing input the options need, or an unknown option.
+            clip range, a missing input the options need, an unknown option, or a normaliser that is not a
+            finite number > 0 (a 0-d tensor normaliser is read to check it: a host sync on an accelerator,
+            so pass floats in a hot loop).
     """
     if logprobs_B_C.dim() != 2:
         raise ValueError(f"logprobs_B_C must be 2-D [B, C], got shape {tuple(logprobs_B_C.shape)}")
@@ -278,7 +294,8 @@ def policy_loss(
     if loss_agg == "token_mean":
         loss = loss_sum / _normaliser("num_tokens", num_tokens, tokens.to(loss_sum.dtype).clamp(min=1.0), loss_sum)
     else:
-        sequences = _normaliser("num_sequences", num_sequences, loss_sum.new_tensor(float(shape_B_C[0])), loss_sum)
+        default_sequences = loss_sum.new_tensor(float(max(shape_B_C[0], 1)))  # B = 0: loss 0, not 0 / 0
+        sequences = _normaliser("num_sequences", num_sequences, default_sequences, loss_sum)
         if loss_agg == "seq_mean_token_mean":
             loss = (masked_loss_B_C.sum(dim=1) / tokens_B.clamp(min=1.0)).sum() / sequences
         else:

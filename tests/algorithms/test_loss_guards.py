@@ -221,3 +221,79 @@ def test_importance_weight_log_beyond_limit_is_clamped_not_infinite(is_cap: floa
     torch.testing.assert_close(loss, torch.tensor(sum(expected) / 2))
     torch.testing.assert_close(grad_B_C, torch.tensor([expected]) / 2)
     torch.testing.assert_close(metrics["is_weight_sum"], torch.tensor(weight0 + math.exp(0.1)))
+
+
+# -------------------------------------------------------------------------------------------- normalisers
+
+
+def _small_batch() -> tuple[torch.Tensor, ...]:
+    logprobs_B_C = torch.tensor([[-1.0, -2.0], [-0.5, -0.7]], dtype=torch.float64)
+    return logprobs_B_C, logprobs_B_C - 0.1, torch.tensor([1.0, -0.5], dtype=torch.float64), torch.ones(2, 2)
+
+
+@pytest.mark.parametrize("name", ["num_tokens", "num_sequences"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        torch.tensor(-4.0),
+        torch.tensor(0.0),
+        torch.tensor(float("nan")),
+        torch.tensor(float("inf")),
+        torch.tensor(-3),
+        torch.tensor(True),
+        -4.0,
+        0,
+        float("inf"),
+        float("nan"),
+    ],
+    ids=repr,
+)
+def test_policy_loss_bad_normaliser_raises_value_error_naming_it(name: str, bad: Any) -> None:
+    loss_agg = "token_mean" if name == "num_tokens" else "seq_mean_token_mean"
+
+    with pytest.raises(ValueError, match=rf"^{name}\b.*(invalid|dtype)"):
+        policy_loss(*_small_batch(), clip_eps_low=LOW, clip_eps_high=HIGH, loss_agg=loss_agg, **{name: bad})
+
+
+@pytest.mark.parametrize(
+    ("loss_agg", "name"),
+    [("token_mean", "num_tokens"), ("seq_mean_token_mean", "num_sequences"), ("seq_sum_fixed_len", "num_sequences")],
+)
+def test_policy_loss_tensor_normaliser_equals_float_normaliser(loss_agg: str, name: str) -> None:
+    kw = {"clip_eps_low": LOW, "clip_eps_high": HIGH, "loss_agg": loss_agg, "max_len": 3}
+
+    as_float, _ = policy_loss(*_small_batch(), **kw, **{name: 6.0})
+    as_int_tensor, _ = policy_loss(*_small_batch(), **kw, **{name: torch.tensor(6)})
+    as_float_tensor, _ = policy_loss(*_small_batch(), **kw, **{name: torch.tensor(6.0, dtype=torch.float32)})
+
+    torch.testing.assert_close(as_int_tensor, as_float, rtol=0, atol=0)
+    torch.testing.assert_close(as_float_tensor, as_float, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_policy_loss_bad_cuda_tensor_normaliser_raises_value_error_and_cuda_stays_usable() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device: a 0-d normaliser tensor on the GPU")
+    batch = tuple(t.cuda() for t in _small_batch())
+    kw = {"clip_eps_low": LOW, "clip_eps_high": HIGH}
+
+    with pytest.raises(ValueError, match=r"num_tokens=-4\.0 \(a 0-d tensor\) is invalid"):
+        policy_loss(*batch, **kw, num_tokens=torch.tensor(-4.0, device="cuda"))
+    good, _ = policy_loss(*batch, **kw, num_tokens=torch.tensor(4.0, device="cuda"))
+
+    torch.testing.assert_close(good.cpu(), policy_loss(*_small_batch(), **kw)[0], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean", "seq_sum_fixed_len"])
+@pytest.mark.parametrize("shape", [(0, 5), (3, 0), (0, 0)])
+def test_policy_loss_empty_batch_gives_zero_loss_and_zero_gradient(loss_agg: str, shape: tuple[int, int]) -> None:
+    logprobs_B_C = torch.zeros(shape, dtype=torch.float64)
+
+    loss, grad_B_C, metrics = _loss(
+        logprobs_B_C, logprobs_B_C, torch.zeros(shape[0], dtype=torch.float64), torch.ones(shape, dtype=torch.bool),
+        loss_agg=loss_agg, max_len=4, kl_coef=0.1, ref_logprobs_B_C=logprobs_B_C,
+    )  # fmt: skip
+
+    torch.testing.assert_close(loss, torch.zeros((), dtype=torch.float64), rtol=0, atol=0)
+    assert grad_B_C.shape == shape
+    assert all(float(v) == 0.0 for v in metrics.values())
