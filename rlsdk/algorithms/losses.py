@@ -26,6 +26,7 @@ healthy run lives in:
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Literal
 
 import torch
@@ -78,6 +79,10 @@ def kl_penalty(logprobs_B_C: torch.Tensor, ref_logprobs_B_C: torch.Tensor, estim
         k1 = -log_r                  unbiased, high variance, can be negative
         k2 = log_r ** 2 / 2          biased, low variance, >= 0
         k3 = exp(log_r) - log_r - 1  unbiased, low variance, >= 0 (GRPO's choice)
+
+    As LOSS terms their expected gradients differ from their expected values (derivation in
+    docs/howto/algorithms.md): k1's is zero (it penalises nothing), k2's is the gradient of ``KL(pi || ref)``,
+    k3's the gradient of the reverse ``KL(ref || pi)``.
 
     k3 overflows float32 for ``log_r > 88.7``; above ``LOG_RATIO_LIMIT`` (20) it is continued linearly,
     ``k3(L) + (e^L - 1) (log_r - L)``, value and slope continuous at ``L``, so the estimate and its gradient stay
@@ -176,6 +181,9 @@ def policy_loss(
     removed with ``torch.where``. Loss and gradients are finite for any finite log-probs at masked-in
     positions (and ``±inf`` ones for the token ratio); a NaN there propagates.
 
+    ``kl_estimator='k1'`` with ``kl_coef > 0`` warns (``UserWarning``): its expected gradient is zero, so the
+    penalty adds only noise (derivation in docs/howto/algorithms.md); use 'k2' or 'k3'.
+
     Args:
         logprobs_B_C: current policy's token log-probs (with grad), float.
         old_logprobs_B_C: the proximal ("old") policy's token log-probs, the PPO ratio's denominator.
@@ -245,6 +253,14 @@ def policy_loss(
         raise ValueError(f"is_cap={is_cap!r} is invalid: allowed > 0 or None")
     if loss_agg == "seq_sum_fixed_len" and (max_len is None or max_len < 1):
         raise ValueError(f"max_len={max_len!r} is invalid for loss_agg='seq_sum_fixed_len': allowed an int >= 1")
+    if kl_coef > 0 and kl_estimator == "k1":
+        warnings.warn(
+            f"kl_estimator='k1' with kl_coef={kl_coef!r} > 0 penalises nothing: k1's expected gradient is zero "
+            "(E_pi[grad log pi] = 0), so the term adds only noise. Use 'k2' (gradient of KL(pi||ref)) or 'k3' "
+            "(gradient of KL(ref||pi)); see docs/howto/algorithms.md.",
+            UserWarning,
+            stacklevel=2,
+        )
 
     mask_B_C = mask_B_C.bool()
     zero = logprobs_B_C.new_zeros(())

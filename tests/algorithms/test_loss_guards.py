@@ -8,6 +8,7 @@ beyond), k3 continued linearly above log_r = 20, dropped tokens removed, not mul
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 
 from rlsdk.algorithms import kl_penalty, policy_loss
 from rlsdk.algorithms.losses import LOG_RATIO_LIMIT
+from rlsdk.config import AlgorithmConfig
 
 LOW, HIGH = 0.2, 0.28
 EDGES = [-1e4, -89.0, -25.0, -20.0, -19.5, -0.3, 0.0, 0.1, 19.5, 20.0, 25.0, 80.0, 88.0, 89.0, 1e4]
@@ -297,3 +299,41 @@ def test_policy_loss_empty_batch_gives_zero_loss_and_zero_gradient(loss_agg: str
     torch.testing.assert_close(loss, torch.zeros((), dtype=torch.float64), rtol=0, atol=0)
     assert grad_B_C.shape == shape
     assert all(float(v) == 0.0 for v in metrics.values())
+
+
+# ----------------------------------------------------------------------------------------------- k1 warning
+
+
+@pytest.mark.parametrize(
+    ("kl_coef", "kl_estimator", "warns"),
+    [(0.1, "k1", True), (0.0, "k1", False), (0.1, "k2", False), (0.1, "k3", False)],
+)
+def test_policy_loss_k1_as_loss_term_warns_that_it_penalises_nothing(
+    kl_coef: float, kl_estimator: str, warns: bool
+) -> None:
+    logprobs_B_C, old_B_C, advantages_B, mask_B_C = _small_batch()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        policy_loss(
+            logprobs_B_C, old_B_C, advantages_B, mask_B_C, clip_eps_low=LOW, clip_eps_high=HIGH, kl_coef=kl_coef,
+            kl_estimator=kl_estimator, ref_logprobs_B_C=old_B_C,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert any("kl_estimator='k1'" in m and "penalises nothing" in m for m in messages) is warns
+
+
+@pytest.mark.parametrize(
+    ("kl_coef", "kl_estimator", "warns"),
+    [(0.05, "k1", True), (0.0, "k1", False), (0.05, "k2", False), (0.05, "k3", False)],
+)
+def test_algorithm_config_k1_with_positive_kl_coef_warns_before_launch(
+    kl_coef: float, kl_estimator: str, warns: bool
+) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        AlgorithmConfig(kl_coef=kl_coef, kl_estimator=kl_estimator)  # type: ignore[arg-type]
+
+    messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert any("AlgorithmConfig.kl_estimator='k1'" in m for m in messages) is warns

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from typing import Any
 
 import pytest
@@ -83,6 +84,16 @@ def _options(**overrides: Any) -> dict[str, Any]:
 
 
 def _call(data: dict[str, torch.Tensor], opts: dict[str, Any], **normalisers: Any) -> tuple[torch.Tensor, dict]:
+    """``policy_loss`` with ``opts``; asserts that it warns about k1 exactly when k1 is a loss term."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = _call_quietly(data, opts, **normalisers)
+    k1_warnings = [w for w in caught if "penalises nothing" in str(w.message)]
+    assert len(k1_warnings) == (opts["kl_coef"] > 0 and opts["kl_estimator"] == "k1"), caught
+    return result
+
+
+def _call_quietly(data: dict[str, torch.Tensor], opts: dict[str, Any], **normalisers: Any) -> tuple[torch.Tensor, dict]:
     return policy_loss(
         data["logprobs_B_C"],
         data["old_logprobs_B_C"],
