@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import warnings
 from typing import Any
 
 import pytest
 import torch
+from _loss_options import policy_loss_with_options
 
 from rlsdk.algorithms import grpo_loss, kl_penalty, policy_loss
 
@@ -84,33 +84,15 @@ def _options(**overrides: Any) -> dict[str, Any]:
 
 
 def _call(data: dict[str, torch.Tensor], opts: dict[str, Any], **normalisers: Any) -> tuple[torch.Tensor, dict]:
-    """``policy_loss`` with ``opts``; asserts that it warns about k1 exactly when k1 is a loss term."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = _call_quietly(data, opts, **normalisers)
-    k1_warnings = [w for w in caught if "penalises nothing" in str(w.message)]
-    assert len(k1_warnings) == (opts["kl_coef"] > 0 and opts["kl_estimator"] == "k1"), caught
-    return result
-
-
-def _call_quietly(data: dict[str, torch.Tensor], opts: dict[str, Any], **normalisers: Any) -> tuple[torch.Tensor, dict]:
-    return policy_loss(
+    return policy_loss_with_options(
         data["logprobs_B_C"],
         data["old_logprobs_B_C"],
         data["advantages_B"],
         data["mask_B_C"],
-        clip_eps_low=opts["clip_eps_low"],
-        clip_eps_high=opts["clip_eps_high"],
-        loss_agg=opts["loss_agg"],
-        ratio_level=opts["ratio_level"],
-        kl_coef=opts["kl_coef"],
-        kl_estimator=opts["kl_estimator"],
+        opts,
         ref_logprobs_B_C=data["ref_logprobs_B_C"],
-        entropy_coef=opts["entropy_coef"],
         entropy_B_C=data["entropy_B_C"],
         behaviour_logprobs_B_C=data["behaviour_logprobs_B_C"] if opts["behaviour"] else None,
-        is_cap=opts["is_cap"],
-        is_cap_mode=opts["is_cap_mode"],
         max_len=MAX_LEN,
         **normalisers,
     )
