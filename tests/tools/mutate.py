@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -227,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{m.name:34s} {m.path}:{_line_number(m):<4d} {m.mistake}")
         return 0
 
+    # SIGTERM unwinds like Ctrl-C: subprocess.run kills the running pytest and the scratch copy is removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="rlsdk-mutate-") as tmp:
         scratch = Path(tmp)
         _copy_repo(scratch)
