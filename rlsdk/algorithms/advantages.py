@@ -1,10 +1,37 @@
-"""Advantage estimators. Shapes: ``B`` = samples in the batch, ``G`` = groups, ``S`` = samples per group."""
+"""Advantage estimators. Shapes: ``B`` = samples in the batch, ``G`` = groups, ``S`` = samples per group.
+
+Exactness of constant groups. A group whose rewards are all equal carries no preference between its samples, so
+every estimator here gives each of its samples an advantage of exactly 0 (``reinforce_pp`` without a group
+baseline: a batch whose rewards are all equal). Plain float32 arithmetic does not: the mean of sixteen 0.7s is off
+by one ulp, the std is ~1e-8, far below ``eps``, and ``(r - mean) / (std + eps)`` gives every sample +0.056, the
+same push for the whole group. Two measures, each principled on its own:
+
+1. Statistics are computed in float64 and the result is rounded back to the rewards' dtype once. For float32
+   (and bf16/fp16) rewards this is exact where it matters: ``S`` copies of a float32 value sum exactly in float64
+   and the division by ``S`` is correctly rounded, so ``r - mean`` is exactly 0 for a constant group; for
+   near-constant groups the centred values keep their true signs and sizes instead of float32 rounding noise.
+   Non-constant groups change by rounding only (the float64 value rounded once, instead of several float32
+   roundings).
+2. A group whose largest and smallest rewards are equal (compared exactly, ``max == min``) is set to 0
+   explicitly. This covers what (1) cannot: float64 rewards (no wider type to compute in) and the batch-level
+   normalisation of ``reinforce_pp_baseline``, whose batch mean of group-centred values is 0 in exact arithmetic
+   but not in floating point. verl and TRL get close to this by adding ``eps`` to a tiny std; they do not make
+   the advantage exactly 0.
+"""
 
 from __future__ import annotations
 
 from typing import Literal
 
 import torch
+
+# The dtype statistics are computed in (see the module docstring).
+_STATS_DTYPE = torch.float64
+
+
+def _constant_rows(values_G_S: torch.Tensor) -> torch.Tensor:
+    """``[G, 1]`` bool: True for rows whose values are all equal (compared exactly, no tolerance)."""
+    return values_G_S.amax(dim=1, keepdim=True) == values_G_S.amin(dim=1, keepdim=True)
 
 
 def group_advantages(
@@ -19,7 +46,8 @@ def group_advantages(
     ``std_group`` is the population standard deviation (``unbiased=False``): it is defined for ``group_size``
     1 (a lone sample gets advantage 0) and never divides by ``group_size - 1``. TRL and the GRPO reference
     code use the unbiased estimator; the two differ by a factor ``sqrt(S / (S - 1))`` (3% at S = 16). A group
-    whose rewards are all equal gets advantage 0 for every sample.
+    whose rewards are all equal gets advantage exactly 0 for every sample, in every dtype (see the module
+    docstring: statistics in float64, and ``max == min`` groups zeroed).
 
     Args:
         rewards_B: float rewards, shape ``[B]`` with ``B = G * group_size``.
@@ -35,12 +63,13 @@ def group_advantages(
             ``group_size``.
     """
     rewards_B = _check_rewards(rewards_B, group_size)
-    rewards_G_S = rewards_B.view(-1, group_size)
+    rewards_G_S = rewards_B.view(-1, group_size).to(_STATS_DTYPE)
     centred_G_S = rewards_G_S - rewards_G_S.mean(dim=1, keepdim=True)
     if scale_by_std:
         std_G_1 = rewards_G_S.std(dim=1, unbiased=False, keepdim=True)
         centred_G_S = centred_G_S / (std_G_1 + eps)
-    return centred_G_S.reshape(-1)
+    centred_G_S = torch.where(_constant_rows(rewards_G_S), 0.0, centred_G_S)
+    return centred_G_S.reshape(-1).to(rewards_B.dtype)
 
 
 def _check_rewards(rewards_B: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -61,7 +90,8 @@ def rloo_advantages(rewards_B: torch.Tensor, group_size: int) -> torch.Tensor:
 
         A_i = r_i - 1/(S-1) * sum_{j != i} r_j  =  S/(S-1) * (r_i - mean_group)
 
-    No division by a standard deviation. A group whose rewards are all equal gets advantage 0.
+    No division by a standard deviation. A group whose rewards are all equal gets advantage exactly 0 (computed
+    as ``S/(S-1) * (r_i - mean_group)`` in float64, ``max == min`` groups zeroed: see the module docstring).
 
     Args:
         rewards_B: float rewards, shape ``[B]`` with ``B = G * group_size``, each group contiguous.
@@ -76,9 +106,11 @@ def rloo_advantages(rewards_B: torch.Tensor, group_size: int) -> torch.Tensor:
     rewards_B = _check_rewards(rewards_B, group_size)
     if group_size < 2:
         raise ValueError(f"group_size={group_size!r} is invalid for RLOO: allowed >= 2 (leave-one-out baseline)")
-    rewards_G_S = rewards_B.view(-1, group_size)
-    baseline_G_S = (rewards_G_S.sum(dim=1, keepdim=True) - rewards_G_S) / (group_size - 1)
-    return (rewards_G_S - baseline_G_S).reshape(-1)
+    rewards_G_S = rewards_B.view(-1, group_size).to(_STATS_DTYPE)
+    # r_i - (sum - r_i) / (S - 1), rearranged so that a constant group cancels exactly before any scaling.
+    advantages_G_S = (rewards_G_S - rewards_G_S.mean(dim=1, keepdim=True)) * (group_size / (group_size - 1))
+    advantages_G_S = torch.where(_constant_rows(rewards_G_S), 0.0, advantages_G_S)
+    return advantages_G_S.reshape(-1).to(rewards_B.dtype)
 
 
 def reinforce_pp_advantages(
@@ -108,19 +140,25 @@ def reinforce_pp_advantages(
         eps: added to the batch std before dividing (units of reward), > 0.
 
     Returns:
-        ``advantages_B``: shape ``[B]``, the dtype of ``rewards_B`` (float32 for integer rewards). All-zero
-        when every reward (or every group-centred reward) in the batch is equal.
+        ``advantages_B``: shape ``[B]``, the dtype of ``rewards_B`` (float32 for integer rewards). Exactly 0
+        for every sample when every reward in the batch is equal; with ``group_baseline``, exactly 0 for every
+        sample of a group whose rewards are all equal (its centred rewards are 0, and so is the batch mean of
+        the centred rewards in exact arithmetic). See the module docstring.
 
     Raises:
         ValueError: ``rewards_B`` is not 1-D, ``group_size < 1``, or ``B`` is not a multiple of ``group_size``.
     """
     rewards_B = _check_rewards(rewards_B, group_size)
-    centred_B = rewards_B
+    rewards_G_S = rewards_B.view(-1, group_size).to(_STATS_DTYPE)
     if group_baseline:
-        rewards_G_S = rewards_B.view(-1, group_size)
-        centred_B = (rewards_G_S - rewards_G_S.mean(dim=1, keepdim=True)).reshape(-1)
-    centred_B = centred_B - centred_B.mean()
-    return centred_B / (centred_B.std(unbiased=False) + eps)
+        rewards_G_S = rewards_G_S - rewards_G_S.mean(dim=1, keepdim=True)
+        constant_G_1 = _constant_rows(rewards_B.view(-1, group_size))
+    else:
+        constant_G_1 = _constant_rows(rewards_B.view(1, -1))
+    centred_G_S = rewards_G_S - rewards_G_S.mean()
+    advantages_G_S = centred_G_S / (centred_G_S.std(unbiased=False) + eps)
+    advantages_G_S = torch.where(constant_G_1, 0.0, advantages_G_S)
+    return advantages_G_S.reshape(-1).to(rewards_B.dtype)
 
 
 AdvantageEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"]

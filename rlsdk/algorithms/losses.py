@@ -3,10 +3,30 @@
 ``policy_loss`` is the general PPO-style clipped surrogate with the options of the GRPO family (loss
 aggregation, token- or sequence-level ratio, KL estimator, entropy bonus, off-policy corrections);
 ``grpo_loss`` is its original fixed configuration (token-level ratio, token mean, k3 KL).
+
+Numerical guards (see docs/howto/algorithms.md, "Numerical guards"). Every ``exp`` of a log-ratio in the loss
+would overflow float32 above ~88.7: the loss turns inf, or stays finite while its gradient turns NaN (``inf * 0``
+in the backward of a clipped or dropped term). The guards, chosen so that nothing changes in the regime a
+healthy run lives in:
+
+- The PPO log-ratio (token-level, or GSPO's sequence-level one) is clamped to ``[-LOG_RATIO_LIMIT,
+  LOG_RATIO_LIMIT]`` (20, as verl) before ``exp``. Inside, loss and gradient are exact. Beyond, the ratio holds
+  at ``e^±20`` and the token carries no ratio gradient: for ``A > 0`` above the limit, and ``A < 0`` below it,
+  PPO's clip already zeroes that gradient; for ``A > 0`` below the limit the exact gradient is ``< 2.1e-9 A``;
+  only for ``A < 0`` above the limit does the guard remove a gradient, one larger than ``4.8e8 |A|`` that would
+  swamp every other token of the batch (such a ratio means mismatched log-probs, not learning).
+- The importance weight's log (``old - behaviour``) is clamped the same way (a constant: no gradient either way).
+- k3 is continued linearly above ``log_r = LOG_RATIO_LIMIT`` (value and slope continuous there): its gradient
+  keeps pulling the policy back toward the reference, with a bounded slope ``e^20 - 1``, where verl's clamp
+  (k3 <= 10) drops the gradient from ``log_r ~ 2.6`` on.
+- Tokens that ``is_cap_mode='mask'`` drops are removed with ``torch.where``, never multiplied by 0, so an
+  infinite term there cannot become NaN.
 """
 
 from __future__ import annotations
 
+import math
+import warnings
 from typing import Literal
 
 import torch
@@ -15,6 +35,9 @@ LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_sum_fixed_len"]
 RatioLevel = Literal["token", "sequence"]
 KLEstimator = Literal["k1", "k2", "k3"]
 ISCapMode = Literal["truncate", "mask"]
+
+LOG_RATIO_LIMIT = 20.0
+"""Bound on every log-ratio the loss exponentiates (``e^20 ~ 4.85e8``); see the module docstring."""
 
 
 def _check_shape(name: str, tensor: torch.Tensor, expected: tuple[int, ...], expected_name: str) -> None:
@@ -25,15 +48,27 @@ def _check_shape(name: str, tensor: torch.Tensor, expected: tuple[int, ...], exp
 def _normaliser(
     name: str, value: float | torch.Tensor | None, default: torch.Tensor, like: torch.Tensor
 ) -> torch.Tensor | float:
-    """``value`` (a float or 0-d tensor > 0) on ``like``'s device and dtype, or ``default`` when None."""
+    """``value`` (a finite float or 0-d real tensor > 0) on ``like``'s device and dtype, or ``default`` when None.
+
+    A 0-d tensor is read to validate it: free on the CPU, one scalar device-to-host read on an accelerator (pass
+    a Python float there to avoid it, as the train engine does). A device-side assert was the alternative; it
+    leaves the CUDA context unusable and its message does not reach Python, so a notebook would lose its
+    kernel's GPU over a bad argument. Unvalidated, a negative count silently flips the loss's sign and zero
+    makes it infinite.
+    """
     if value is None:
         return default
+    allowed = "allowed a finite number > 0 (a float or a 0-d real tensor)"
     if isinstance(value, torch.Tensor):
         if value.dim() != 0:
             raise ValueError(f"{name} must be a float or 0-d tensor, got shape {tuple(value.shape)}")
+        if value.dtype == torch.bool or value.is_complex():
+            raise ValueError(f"{name} has dtype {value.dtype}: {allowed}")
+        if not 0 < float(value) < math.inf:
+            raise ValueError(f"{name}={float(value)!r} (a 0-d tensor) is invalid: {allowed}")
         return value.to(device=like.device, dtype=like.dtype)
-    if not value > 0:
-        raise ValueError(f"{name}={value!r} is invalid: allowed > 0")
+    if isinstance(value, bool) or not 0 < value < math.inf:
+        raise ValueError(f"{name}={value!r} is invalid: {allowed}")
     return value
 
 
@@ -44,6 +79,15 @@ def kl_penalty(logprobs_B_C: torch.Tensor, ref_logprobs_B_C: torch.Tensor, estim
         k1 = -log_r                  unbiased, high variance, can be negative
         k2 = log_r ** 2 / 2          biased, low variance, >= 0
         k3 = exp(log_r) - log_r - 1  unbiased, low variance, >= 0 (GRPO's choice)
+
+    As LOSS terms their expected gradients differ from their expected values (derivation in
+    docs/howto/algorithms.md): k1's is zero (it penalises nothing), k2's is the gradient of ``KL(pi || ref)``,
+    k3's the gradient of the reverse ``KL(ref || pi)``.
+
+    k3 overflows float32 for ``log_r > 88.7``; above ``LOG_RATIO_LIMIT`` (20) it is continued linearly,
+    ``k3(L) + (e^L - 1) (log_r - L)``, value and slope continuous at ``L``, so the estimate and its gradient stay
+    finite and keep pulling toward the reference. Below it k3 is exact (computed as ``expm1(log_r) - log_r``,
+    which avoids the cancellation of ``exp(log_r) - 1`` near 0).
 
     Args:
         logprobs_B_C: the policy's token log-probs (gradient flows through them).
@@ -63,7 +107,9 @@ def kl_penalty(logprobs_B_C: torch.Tensor, ref_logprobs_B_C: torch.Tensor, estim
     if estimator == "k2":
         return 0.5 * log_r_B_C * log_r_B_C
     if estimator == "k3":
-        return log_r_B_C.exp() - log_r_B_C - 1.0
+        inside_B_C = log_r_B_C.clamp(max=LOG_RATIO_LIMIT)  # its gradient passes AT the limit...
+        beyond_B_C = torch.relu(log_r_B_C - LOG_RATIO_LIMIT)  # ...this one's does not, so it is counted once
+        return torch.expm1(inside_B_C) - inside_B_C + math.expm1(LOG_RATIO_LIMIT) * beyond_B_C
     raise ValueError(f"estimator={estimator!r} is invalid: allowed 'k1', 'k2', 'k3'")
 
 
@@ -119,13 +165,24 @@ def policy_loss(
     whole batch's ``num_tokens`` / ``num_sequences`` (and the same ``max_len``) sum to the whole-batch loss,
     so gradient accumulation and data parallelism need no rescaling (with DDP, which averages gradients
     over ranks, pass the global count divided by the world size). Defaults: ``num_tokens =
-    max(mask.sum(), 1)``, ``num_sequences = B`` (this batch is the whole batch); ``max_len`` has no default
-    (Dr. GRPO's constant is the generation limit, not this batch's padded width). A sequence with no
-    masked token contributes 0 to ``seq_mean_token_mean`` but still counts in ``num_sequences``.
+    max(mask.sum(), 1)``, ``num_sequences = max(B, 1)`` (this batch is the whole batch); ``max_len`` has no
+    default (Dr. GRPO's constant is the generation limit, not this batch's padded width). A sequence with no
+    masked token contributes 0 to ``seq_mean_token_mean`` but still counts in ``num_sequences`` (verl's
+    default leaves it out). A batch with no masked token (``B = 0`` included) gives loss 0 under every
+    aggregation, with zero gradients.
 
     Gradients flow through ``logprobs_B_C`` (and ``entropy_B_C`` if it has a graph); ``old``, ``ref``,
     ``behaviour`` log-probs and ``advantages_B`` are treated as constants. Masked positions may hold any
     value, non-finite included.
+
+    Numerical guards (module docstring): the log-ratio (token or sequence) and the importance weight's log are
+    clamped to ``[-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT]`` before ``exp`` (beyond, no ratio gradient), k3 is
+    continued linearly above ``log_r = LOG_RATIO_LIMIT``, and tokens dropped by ``is_cap_mode='mask'`` are
+    removed with ``torch.where``. Loss and gradients are finite for any finite log-probs at masked-in
+    positions (and ``±inf`` ones for the token ratio); a NaN there propagates.
+
+    ``kl_estimator='k1'`` with ``kl_coef > 0`` warns (``UserWarning``): its expected gradient is zero, so the
+    penalty adds only noise (derivation in docs/howto/algorithms.md); use 'k2' or 'k3'.
 
     Args:
         logprobs_B_C: current policy's token log-probs (with grad), float.
@@ -143,8 +200,8 @@ def policy_loss(
         behaviour_logprobs_B_C: the sampling (behaviour) policy's token log-probs, for the importance weight.
         is_cap: > 0, the importance weight's cap; None = uncapped.
         is_cap_mode: 'truncate' (TIS) or 'mask' (decoupled PPO's cap).
-        num_tokens: float or 0-d tensor > 0, the global batch's completion-token count (token_mean).
-        num_sequences: float or 0-d tensor > 0, the global batch's sequence count (seq_* aggregations).
+        num_tokens: finite float or 0-d tensor > 0, the global batch's completion-token count (token_mean).
+        num_sequences: finite float or 0-d tensor > 0, the global batch's sequence count (seq_* aggregations).
         max_len: int >= 1, the fixed length of seq_sum_fixed_len (the rollout's ``max_new_tokens``).
 
     Returns:
@@ -152,11 +209,14 @@ def policy_loss(
         tokens, left on device (no host sync): ``loss_sum`` (of ``l_it``), ``clipped_tokens`` (tokens where
         the clipped term is the smaller one, i.e. the gradient is zeroed), ``ratio_sum``, ``kl_sum`` (the
         chosen estimator; 0 without a reference), ``tokens``, ``is_weight_sum`` (of ``w`` after the cap; equal
-        to ``tokens`` without behaviour log-probs) and ``is_capped_tokens`` (tokens whose weight hit the cap).
+        to ``tokens`` without behaviour log-probs), ``is_capped_tokens`` (tokens whose weight hit the cap) and
+        ``ratio_limited_tokens`` (tokens whose log-ratio lay beyond ``LOG_RATIO_LIMIT``: the guard engaged).
 
     Raises:
         ValueError: a tensor's shape differs from ``logprobs_B_C``'s (naming it), a negative coefficient or
-            clip range, a missing input the options need, or an unknown option.
+            clip range, a missing input the options need, an unknown option, or a normaliser that is not a
+            finite number > 0 (a 0-d tensor normaliser is read to check it: a host sync on an accelerator,
+            so pass floats in a hot loop).
     """
     if logprobs_B_C.dim() != 2:
         raise ValueError(f"logprobs_B_C must be 2-D [B, C], got shape {tuple(logprobs_B_C.shape)}")
@@ -193,6 +253,14 @@ def policy_loss(
         raise ValueError(f"is_cap={is_cap!r} is invalid: allowed > 0 or None")
     if loss_agg == "seq_sum_fixed_len" and (max_len is None or max_len < 1):
         raise ValueError(f"max_len={max_len!r} is invalid for loss_agg='seq_sum_fixed_len': allowed an int >= 1")
+    if kl_coef > 0 and kl_estimator == "k1":
+        warnings.warn(
+            f"kl_estimator='k1' with kl_coef={kl_coef!r} > 0 penalises nothing: k1's expected gradient is zero "
+            "(E_pi[grad log pi] = 0), so the term adds only noise. Use 'k2' (gradient of KL(pi||ref)) or 'k3' "
+            "(gradient of KL(ref||pi)); see docs/howto/algorithms.md.",
+            UserWarning,
+            stacklevel=2,
+        )
 
     mask_B_C = mask_B_C.bool()
     zero = logprobs_B_C.new_zeros(())
@@ -203,7 +271,8 @@ def policy_loss(
         seq_log_ratio_B_1 = (log_ratio_B_C.sum(dim=1) / tokens_B.clamp(min=1.0)).unsqueeze(1)
         safe_logprobs_B_C = torch.where(mask_B_C, logprobs_B_C, zero)
         log_ratio_B_C = seq_log_ratio_B_1.detach() + safe_logprobs_B_C - safe_logprobs_B_C.detach()
-    ratio_B_C = log_ratio_B_C.exp()
+    limited_B_C = (log_ratio_B_C.detach().abs() > LOG_RATIO_LIMIT) & mask_B_C
+    ratio_B_C = log_ratio_B_C.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT).exp()
     advantages_B_1 = advantages_B.detach().to(logprobs_B_C.dtype).unsqueeze(1)
     surrogate_B_C = ratio_B_C * advantages_B_1
     clipped_surrogate_B_C = ratio_B_C.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high) * advantages_B_1
@@ -214,12 +283,15 @@ def policy_loss(
     capped_B_C = torch.zeros(shape_B_C, dtype=torch.bool, device=logprobs_B_C.device)
     if behaviour_logprobs_B_C is not None:
         behaviour_log_w_B_C = old_logprobs_B_C.detach() - behaviour_logprobs_B_C.detach()
-        weight_B_C = torch.where(mask_B_C, behaviour_log_w_B_C.to(logprobs_B_C.dtype), zero).exp()
+        log_w_B_C = torch.where(mask_B_C, behaviour_log_w_B_C.to(logprobs_B_C.dtype), zero)
+        weight_B_C = log_w_B_C.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT).exp()
         if is_cap is not None:
             capped_B_C = (weight_B_C > is_cap) & mask_B_C
             capped_value = is_cap if is_cap_mode == "truncate" else 0.0
             weight_B_C = torch.where(capped_B_C, capped_value, weight_B_C)
         token_loss_B_C = weight_B_C * token_loss_B_C
+        if is_cap_mode == "mask":  # dropped, not multiplied by 0: 0 * inf would be NaN
+            token_loss_B_C = torch.where(capped_B_C, zero, token_loss_B_C)
 
     if ref_logprobs_B_C is not None:
         safe_ref_B_C = torch.where(mask_B_C, ref_logprobs_B_C.detach(), zero)
@@ -238,7 +310,8 @@ def policy_loss(
     if loss_agg == "token_mean":
         loss = loss_sum / _normaliser("num_tokens", num_tokens, tokens.to(loss_sum.dtype).clamp(min=1.0), loss_sum)
     else:
-        sequences = _normaliser("num_sequences", num_sequences, loss_sum.new_tensor(float(shape_B_C[0])), loss_sum)
+        default_sequences = loss_sum.new_tensor(float(max(shape_B_C[0], 1)))  # B = 0: loss 0, not 0 / 0
+        sequences = _normaliser("num_sequences", num_sequences, default_sequences, loss_sum)
         if loss_agg == "seq_mean_token_mean":
             loss = (masked_loss_B_C.sum(dim=1) / tokens_B.clamp(min=1.0)).sum() / sequences
         else:
@@ -254,6 +327,7 @@ def policy_loss(
         "tokens": tokens,
         "is_weight_sum": torch.where(mask_B_C, weight_B_C, zero).sum().detach().float(),
         "is_capped_tokens": capped_B_C.sum().to(torch.float32),
+        "ratio_limited_tokens": limited_B_C.sum().to(torch.float32),
     }
     return loss, metrics
 
@@ -280,8 +354,10 @@ def grpo_loss(
         loss_t = -min(ratio * A, clip(ratio, 1 - clip_eps_low, 1 + clip_eps_high) * A)
                  + kl_coef * (exp(ref - logprobs) - (ref - logprobs) - 1)   # k3 KL estimator, if kl_coef > 0
 
-    ``loss = sum over masked tokens of loss_t / num_tokens``. Unlike the per-sequence mean of the GRPO paper,
-    every token weighs the same (DAPO, Yu et al. 2025; asymmetric "clip-higher" via ``clip_eps_high``).
+    ``loss = sum over masked tokens of loss_t / num_tokens``. The numerical guards of :func:`policy_loss` apply
+    (log-ratio clamped to ``±LOG_RATIO_LIMIT`` before ``exp``, k3 continued linearly beyond it). Unlike the
+    per-sequence mean of the GRPO paper, every token weighs the same (DAPO, Yu et al. 2025; asymmetric
+    "clip-higher" via ``clip_eps_high``).
     ``num_tokens`` is the completion-token count of the GLOBAL batch: micro-batches (or ranks) that each pass
     the global count sum to the global token mean, so gradient accumulation and data parallelism need no
     rescaling. It defaults to ``mask_B_C.sum()`` (this batch is the global batch).

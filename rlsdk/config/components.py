@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Literal
 
@@ -455,7 +456,9 @@ class AlgorithmConfig:
             'seq_sum_fixed_len' (Dr. GRPO, divides by rollout.max_new_tokens); None = the preset's (or
             'token_mean').
         ratio_level: Importance ratio: 'token' (PPO) or 'sequence' (GSPO); None = the preset's (or 'token').
-        kl_estimator: KL estimator of the kl_coef penalty: 'k1', 'k2' or 'k3' (Schulman 2020).
+        kl_estimator: KL estimator of the kl_coef penalty: 'k1', 'k2' or 'k3' (Schulman 2020). As a loss term
+            k2's expected gradient is that of KL(pi||ref), k3's that of KL(ref||pi), and k1's is zero: 'k1' with
+            kl_coef > 0 warns (UserWarning), see docs/howto/algorithms.md.
         entropy_coef: Weight of the entropy bonus subtracted from the loss, >= 0; 0 = none.
         off_policy: Correction for sampling with the engine instead of the trainer: 'none' (the PPO ratio is
             taken against the engine's logprobs), 'tis' (ratio against the trainer's logprobs, times the
@@ -488,6 +491,15 @@ class AlgorithmConfig:
         require(self, "adv_eps", self.adv_eps > 0, "a finite float > 0")
         require(self, "entropy_coef", self.entropy_coef >= 0, "a finite float >= 0")
         require(self, "is_cap", self.is_cap > 0, "a finite float > 0")
+        if self.kl_coef > 0 and self.kl_estimator == "k1":
+            # A warning, not a ConfigError: configs that ran before keep running; the derivation is in the docs.
+            warnings.warn(
+                f"AlgorithmConfig.kl_estimator='k1' with kl_coef={self.kl_coef!r} > 0 penalises nothing: k1's "
+                "expected gradient is zero. Use 'k2' (gradient of KL(pi||ref)) or 'k3' (gradient of KL(ref||pi)); "
+                "see docs/howto/algorithms.md.",
+                UserWarning,
+                stacklevel=3,
+            )
         for field, fixed in _ALGORITHM_PRESETS[self.name].items():
             value = getattr(self, field)
             if value is not None and value != fixed:

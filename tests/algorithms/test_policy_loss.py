@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from _loss_options import policy_loss_with_options
 
 from rlsdk.algorithms import grpo_loss, kl_penalty, policy_loss
 
@@ -83,23 +84,15 @@ def _options(**overrides: Any) -> dict[str, Any]:
 
 
 def _call(data: dict[str, torch.Tensor], opts: dict[str, Any], **normalisers: Any) -> tuple[torch.Tensor, dict]:
-    return policy_loss(
+    return policy_loss_with_options(
         data["logprobs_B_C"],
         data["old_logprobs_B_C"],
         data["advantages_B"],
         data["mask_B_C"],
-        clip_eps_low=opts["clip_eps_low"],
-        clip_eps_high=opts["clip_eps_high"],
-        loss_agg=opts["loss_agg"],
-        ratio_level=opts["ratio_level"],
-        kl_coef=opts["kl_coef"],
-        kl_estimator=opts["kl_estimator"],
+        opts,
         ref_logprobs_B_C=data["ref_logprobs_B_C"],
-        entropy_coef=opts["entropy_coef"],
         entropy_B_C=data["entropy_B_C"],
         behaviour_logprobs_B_C=data["behaviour_logprobs_B_C"] if opts["behaviour"] else None,
-        is_cap=opts["is_cap"],
-        is_cap_mode=opts["is_cap_mode"],
         max_len=MAX_LEN,
         **normalisers,
     )
@@ -257,6 +250,19 @@ def test_policy_loss_truncated_is_metrics_count_capped_tokens() -> None:
     torch.testing.assert_close(
         metrics["is_weight_sum"], weight.clamp(max=1.1)[mask].sum().float(), rtol=1e-6, atol=1e-6
     )
+
+
+def test_policy_loss_masked_is_metrics_count_dropped_tokens_and_sum_kept_weights() -> None:
+    data = _batch()
+    mask = data["mask_B_C"]
+    weight = (data["old_logprobs_B_C"] - data["behaviour_logprobs_B_C"]).exp()
+
+    _, metrics = _call(data, _options(behaviour=True, is_cap=1.1, is_cap_mode="mask"))
+
+    dropped = (weight > 1.1) & mask
+    assert 0 < int(dropped.sum()) < int(mask.sum())
+    torch.testing.assert_close(metrics["is_capped_tokens"], dropped.sum().float(), rtol=0, atol=0)
+    torch.testing.assert_close(metrics["is_weight_sum"], weight[mask & ~dropped].sum().float(), rtol=1e-6, atol=1e-6)
 
 
 def test_policy_loss_without_behaviour_logprobs_has_unit_weights() -> None:
