@@ -919,7 +919,8 @@ class Session:
         return rollout
 
     async def update(self, rollout: Rollout, *, progress: bool | None = None) -> dict[str, float]:
-        """Train on ``rollout`` (one optimizer step on every rank); the trainer publishes version + 1.
+        """Train on ``rollout`` (``train.ppo_epochs`` x mini-batches optimizer steps on every rank); the trainer
+        publishes version + 1 (one version per update, however many optimizer steps).
 
         Samples staler than ``rollout.max_staleness`` raise ``StaleRolloutError`` (policy ``raise``) or are
         dropped and counted (policy ``drop``). Returns step metrics (means over completion tokens).
@@ -927,6 +928,7 @@ class Session:
         versions, once the call outlasts a second (``None``: in Jupyter only).
         """
         from rlsdk.algorithms import compute_advantages
+        from rlsdk.engine.train.schedule import minibatch_normalisers
         from rlsdk.observe.progress import CallProgress
 
         engine = self._engine()
@@ -977,6 +979,7 @@ class Session:
         }
         num_tokens = int(batch["completion_mask_B_C"].sum())
         per_rank = index_B.numel() // world
+        minibatches = minibatch_normalisers(batch["completion_mask_B_C"], world, cfg.train.mini_batch_size)
         colocated = cfg.inference.engine == "colocated"
         lookahead = self._plan_lookahead(engine)
         bodies = [
@@ -985,6 +988,7 @@ class Session:
                 "num_tokens": num_tokens,
                 "num_sequences": index_B.numel(),
                 "with_checksum": colocated,
+                "minibatches": minibatches,
                 **({"then_generate": lookahead[r]} if lookahead is not None else {}),
             }
             for r in range(world)
@@ -1049,6 +1053,8 @@ class Session:
             "train/kl": totals["kl_sum"] / tokens,
             "train/entropy": totals["entropy_sum"] / tokens,
             "train/grad_norm": float(results[0]["grad_norm"]),
+            "train/lr": float(results[0]["lr"]),
+            "train/optimizer_steps": float(results[0]["optimizer_steps"]),
             "train/tokens": totals["tokens"],
             "train/dropped_stale": float(stale),
             "train/used_samples": float(index_B.numel()),
