@@ -129,6 +129,11 @@ def load_resume_state(config: SessionConfig) -> tuple[Path, dict[str, Any]] | No
         raise ConfigError(
             "launch.num_ranks", config.launch.num_ranks, f"{ranks}, the rank count of checkpoint {directory}"
         )
+    lora_rank = saved.get("train", {}).get("lora_rank", 0)
+    if lora_rank != config.train.lora_rank:
+        raise ConfigError(
+            "train.lora_rank", config.train.lora_rank, f"{lora_rank}, the LoRA rank of checkpoint {directory}"
+        )
     parallelism = saved.get("train", {}).get("parallelism", "ddp")
     if parallelism != config.train.parallelism:
         raise ConfigError(
@@ -145,7 +150,10 @@ def load_resume_state(config: SessionConfig) -> tuple[Path, dict[str, Any]] | No
 
 async def _check_before_start(config: SessionConfig) -> tuple[tuple[Path, dict[str, Any]] | None, Any, Any]:
     """Everything :meth:`Session.start` checks before a process starts: model path, checkpoint, data set."""
+    from rlsdk.engine.lora import check_peft_installed
+
     check_model_dir(config.model.path)
+    check_peft_installed(config.train.lora_rank)
     resume = await asyncio.to_thread(load_resume_state, config)
     dataset, tokenizer = await asyncio.to_thread(check_data, config)
     if tokenizer is None:
@@ -356,11 +364,12 @@ class Session:
         if self._resume is not None:
             self._restore(self._resume[0], self._resume[1], trainer)
         self.versions.trainer_checksum = trainer["checksum"]
-        if cfg.inference.engine != "embedded" or self._resume is not None:
+        if cfg.inference.engine != "embedded" or self._resume is not None or cfg.train.lora_rank > 0:
             # The server's loader gives no checksum of what it loaded from the model directory, and an attached
             # server may hold anything: publish the trainer's v0 and verify it like every later sync. A resumed
             # trainer is at the checkpoint's version, which the engine (loaded from model.path) is not. The
-            # colocated engine's first sync checks that every rank holds the same v0.
+            # colocated engine's first sync checks that every rank holds the same v0. With LoRA the engine serves
+            # the base alone until it loads the trainer's v0 adapter.
             await self.sync_weights()
         else:
             engine_info = await self._engine().weight_info()
@@ -495,6 +504,7 @@ class Session:
             engine = await VLLMEngine.attach(
                 url,
                 cfg.model.path,
+                lora_rank=cfg.train.lora_rank,
                 request_timeout_s=inference.request_timeout_s,
                 sync_timeout_s=inference.sync_timeout_s,
                 transfer=transfer,
@@ -502,6 +512,7 @@ class Session:
         else:
             engine = await VLLMEngine.start(
                 cfg.model.path,
+                lora_rank=cfg.train.lora_rank,
                 kv_cache_gib=inference.kv_cache_gib,
                 max_model_len=inference.max_model_len,
                 extra_server_args=inference.extra_server_args,
@@ -1122,7 +1133,7 @@ class Session:
             else:
                 info = await engine.load_weights("", self.versions.trainer_version)
             published = {"path": "", "version": info.version, "checksum": info.checksum}
-        elif getattr(transfer, "name", None) == "nccl":
+        elif getattr(transfer, "name", None) == "nccl" and self.config.train.lora_rank == 0:
             # GPU path: no file. The engine's transfer has trainer rank 0 broadcast (rank command
             # broadcast_weights_nccl) and checks the workers' checksums; what rank 0 sent is verified below.
             info = await engine.load_weights("", self.versions.trainer_version)
@@ -1134,6 +1145,7 @@ class Session:
                 timeout_s=self.config.launch.command_timeout_s,
             )
             published = results[0]
+            # LoRA: published["path"] is an adapter directory, and only it moves (rlsdk.engine.lora).
             info = await engine.load_weights(published["path"], published["version"])
         expected = self.versions.trainer_version
         if info.version != expected or info.checksum != published["checksum"]:
@@ -1146,7 +1158,10 @@ class Session:
         self.versions.trainer_checksum = published["checksum"]
         self.versions.record_sync(info.version, info.checksum, seconds)
         if self.metrics is not None:
-            self.metrics.log(self.step, {"time/sync_s": seconds, "version/engine": float(info.version)})
+            sync_stats = {"time/sync_s": seconds, "version/engine": float(info.version)}
+            if published.get("bytes") is not None:  # what the sync moved (a LoRA run: the adapter only)
+                sync_stats["sync/bytes"] = float(published["bytes"])
+            self.metrics.log(self.step, sync_stats)
         logger.debug("engine now serves v%d (sync %.3f s)", info.version, seconds)
         return info
 

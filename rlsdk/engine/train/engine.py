@@ -158,8 +158,16 @@ def _rewrite_in_place(path: str, state_dict: dict[str, torch.Tensor]) -> bool:
         os.close(fd)
 
 
+def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters the optimizer updates: all of them, or the adapters of a LoRA model (same order)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 class TrainEngine:
-    """Model + AdamW on one rank; ``update`` takes this rank's shard of a batch and publishes version + 1."""
+    """Model + AdamW on one rank; ``update`` takes this rank's shard of a batch and publishes version + 1.
+
+    With ``train.lora_rank > 0`` the model is a peft LoRA model (:mod:`rlsdk.engine.lora`): only the adapters
+    train, and :meth:`weight_info`, :meth:`export_weights` and checkpoints hold the adapter, not the base."""
 
     def __init__(self, config: SessionConfig, accelerator: Any, *, resume_from: str | None = None) -> None:
         """``resume_from``: a verified checkpoint directory (see :meth:`load_checkpoint`); None: ``model.path``
@@ -176,12 +184,23 @@ class TrainEngine:
         # The sampling generator of colocated generation without a per-call seed (made on first use).
         self._generator: torch.Generator | None = None
         torch.manual_seed(config.seed)
+        train = config.train
+        self.lora = train.lora_rank > 0
+        # LoRA: the base always comes from model.path (a checkpoint holds only the adapter), checksummed once so
+        # that a resume can tell it is the base the adapter was trained on.
+        self.base_checksum: str | None = None
         model = AutoModelForCausalLM.from_pretrained(
-            config.model.path if resume_from is None else str(Path(resume_from) / "model"),
+            config.model.path if resume_from is None or self.lora else str(Path(resume_from) / "model"),
             dtype=_DTYPES[config.model.dtype],
             trust_remote_code=config.model.trust_remote_code,
         )
-        train = config.train
+        if self.lora:
+            from rlsdk.engine.lora import apply_lora, load_adapter
+
+            self.base_checksum = state_dict_checksum(model.state_dict())
+            model = apply_lora(model, train)
+            if resume_from is not None:
+                model, _ = load_adapter(model, Path(resume_from) / "model")
         self.fsdp2 = train.parallelism == "fsdp2"
         if self.fsdp2:
             from rlsdk.engine.train.fsdp import shard_model
@@ -191,19 +210,19 @@ class TrainEngine:
             logger.info("fsdp2: %d decoder layers sharded separately, then the root", layers)
             self.model: Any = model
             self.optimizer: Any = torch.optim.AdamW(
-                model.parameters(), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay
+                _trainable(model), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay
             )
         else:
             # The fused kernel (one pass over each parameter, TRL's default 'adamw_torch_fused'): the same AdamW
             # update at ~3x less time than foreach on the default policy; foreach where a device has no kernel.
             try:
                 optimizer = torch.optim.AdamW(
-                    model.parameters(), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay, fused=True
+                    _trainable(model), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay, fused=True
                 )
             except RuntimeError as exc:
                 logger.debug("fused AdamW unavailable (%s); using foreach", exc)
                 optimizer = torch.optim.AdamW(
-                    model.parameters(), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay
+                    _trainable(model), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay
                 )
             self.model, self.optimizer = accelerator.prepare(model, optimizer)
             if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
@@ -222,9 +241,10 @@ class TrainEngine:
             ).eval()
             self.ref_model.requires_grad_(False)
         logger.info(
-            "train engine ready: %s, %d parameters, distributed type %s",
+            "train engine ready: %s, %d parameters (%d trained), distributed type %s",
             Path(config.model.path).name,
             sum(p.numel() for p in model.parameters()),
+            sum(p.numel() for p in _trainable(model)),
             accelerator.distributed_type,
         )
         if resume_from is not None:
@@ -648,6 +668,15 @@ class TrainEngine:
         ``"blake3"``/``"sha256"`` only to verify a checkpoint recorded before XXH3); without ``with_checksum`` only
         ``{"version"}``. Every rank calls it: with 'fsdp2' the checksum needs the gathered weights (a
         collective), and ranks without ``with_checksum`` only take part."""
+        if self.lora:  # the adapter's checksum (DDP only: local)
+            from rlsdk.engine.lora import adapter_state_dict
+
+            if not with_checksum:
+                return {"version": self.version}
+            return {
+                "version": self.version,
+                "checksum": state_dict_checksum(adapter_state_dict(self.unwrapped), algorithm),
+            }
         state_dict = self._full_state_dict(keep=with_checksum)
         if state_dict is None:
             return {"version": self.version}
@@ -666,6 +695,13 @@ class TrainEngine:
         """
         from safetensors.torch import save_model
 
+        if self.lora:
+            from rlsdk.engine.lora import publish_adapter
+
+            # Only the adapter moves: publish_dir/v{version}/, a peft adapter directory (rlsdk.engine.lora).
+            return (
+                publish_adapter(self.unwrapped, publish_dir, self.version) if is_writer else {"version": self.version}
+            )
         state_dict = self._full_state_dict(keep=is_writer) if self.fsdp2 else None
         if not is_writer:
             return {"version": self.version}
@@ -678,7 +714,13 @@ class TrainEngine:
 
             source = StateDictSource(state_dict)
             path = publish_safetensors(state_dict, publish_dir, self.version, lambda tmp: save_model(source, tmp))  # type: ignore[arg-type]
-        return {"version": self.version, "path": path, "checksum": state_dict_checksum(state_dict)}
+        return {
+            "version": self.version,
+            "path": path,
+            "checksum": state_dict_checksum(state_dict),
+            # tied weights (one storage under two names) are written once
+            "bytes": sum(t.numel() * t.element_size() for t in {t.data_ptr(): t for t in state_dict.values()}.values()),
+        }
 
     def save_checkpoint(self, directory: str, *, is_writer: bool) -> list[str]:
         """Write this rank's part of a checkpoint into ``directory`` (a temporary directory the controller
@@ -712,11 +754,18 @@ class TrainEngine:
         elif is_writer:
             state["optimizer"] = self.optimizer.state_dict()
             state["optimizer_format"] = "ddp"
-        if is_writer:
+        if is_writer and self.lora:
+            from rlsdk.engine.lora import write_adapter
+
+            # The adapter only; the base is model.path's, recorded by checksum.
+            state["checksum"] = state_dict_checksum(write_adapter(self.unwrapped, out / "model"))
+            state["base_checksum"] = self.base_checksum
+        elif is_writer:
             state["checksum"] = state_dict_checksum(
                 model_state if model_state is not None else self.unwrapped.state_dict()
             )
             self.unwrapped.save_pretrained(out / "model", state_dict=model_state, safe_serialization=True)
+        if is_writer:
             torch.save(state, out / "trainer_state.pt")
             written += [str(p.relative_to(out)) for p in (out / "model").rglob("*") if p.is_file()]
             written.append("trainer_state.pt")
@@ -738,6 +787,12 @@ class TrainEngine:
         if not rng_path.is_file():
             raise ValueError(f"checkpoint {root} has no {rng_path.name}: it was written by fewer ranks")
         state = torch.load(root / "trainer_state.pt", map_location="cpu", weights_only=True)
+        if self.lora and state.get("base_checksum") != self.base_checksum:
+            raise ValueError(
+                f"checkpoint {root} holds a LoRA adapter trained on base weights with checksum "
+                f"{str(state.get('base_checksum'))[:12]}, but model.path {self.config.model.path} has "
+                f"{str(self.base_checksum)[:12]}: resume with the base model the adapter was trained on"
+            )
         # Checkpoints written before optimizer_format was recorded for 'ddp' have none.
         found = state.get("optimizer_format", "ddp")
         wanted = "fsdp2_full" if self.fsdp2 else "ddp"
