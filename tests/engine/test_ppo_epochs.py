@@ -81,12 +81,14 @@ def _instrumented_update(rank: int, world_size: int, model_dir: str, batch: dict
 
 
 @pytest.mark.distributed
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp2"])
 def test_update_with_ppo_epochs_computes_old_logprobs_once_before_the_first_step_equal_to_behaviour(
-    tiny_model_dir: Path,
+    tiny_model_dir: Path, parallelism: str
 ) -> None:
     model_dir = str(tiny_model_dir)
     batch = _on_policy_batch(model_dir)
-    train = {"ppo_epochs": 2, "mini_batch_size": 4}  # 2 ranks x 8 sequences: 4 mini-batches of 2 per rank
+    # 2 ranks x 8 sequences: 4 mini-batches of 2 per rank
+    train = {"ppo_epochs": 2, "mini_batch_size": 4, "parallelism": parallelism}
 
     per_rank = run_gloo_ranks(_instrumented_update, 2, model_dir, batch, train)
 

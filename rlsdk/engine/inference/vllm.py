@@ -279,9 +279,10 @@ class VLLMEngine:
             )
         if not response.content:
             return None
-        if not response.headers.get("content-type", "").startswith("application/json"):
+        try:
+            return response.json()
+        except ValueError:
             return response.text  # e.g. /v1/load_lora_adapter's "Success: ..."
-        return response.json()
 
     async def _get(self, path: str, *, timeout_s: float, **kwargs: Any) -> Any:
         return await self._request("GET", path, timeout_s=timeout_s, **kwargs)
