@@ -370,6 +370,14 @@ class Session:
             # trainer is at the checkpoint's version, which the engine (loaded from model.path) is not. The
             # colocated engine's first sync checks that every rank holds the same v0. With LoRA the engine serves
             # the base alone until it loads the trainer's v0 adapter.
+            if trainer.get("base_checksum") is not None and cfg.inference.engine == "embedded":
+                # LoRA: the adapter sync verifies only the adapter; the base both sides loaded is checked here.
+                base = await self._engine().weight_info()
+                if base.checksum != trainer["base_checksum"]:
+                    raise WeightMismatchError(
+                        f"LoRA base weights differ: trainer {trainer['base_checksum'][:12]}, "
+                        f"engine {base.checksum[:12]}"
+                    )
             await self.sync_weights()
         else:
             engine_info = await self._engine().weight_info()

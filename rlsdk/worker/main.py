@@ -86,6 +86,8 @@ class Worker:
         self.engine.on_progress = self.report_progress
         # Every rank calls it (a collective with train.parallelism 'fsdp2'); only rank 0 computes the checksum.
         info = self.engine.weight_info(with_checksum=self.rank == 0)
+        if self.engine.base_checksum is not None:  # LoRA: the frozen base's, for the engine's start-up check
+            info["base_checksum"] = self.engine.base_checksum
         expected = self.engine.resumed_checksum
         loaded = info.get("checksum")
         if expected is not None and self._legacy_checksum(expected):

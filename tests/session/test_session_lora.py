@@ -126,3 +126,20 @@ def test_train_config_with_lora_and_fsdp2_raises_config_error_naming_parallelism
         TrainConfig(lora_rank=8, parallelism="fsdp2")
 
     assert info.value.field == "TrainConfig.parallelism"
+
+
+def test_session_lora_start_with_an_engine_on_other_base_weights_raises_weight_mismatch(
+    small_config: SessionConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rlsdk.data import build_tiny_policy
+    from rlsdk.engine.inference.embedded import EmbeddedEngine
+    from rlsdk.versioning import WeightMismatchError
+
+    other = build_tiny_policy(tmp_path / "other-base", seed=1)  # same shapes, other weights
+    load = EmbeddedEngine.from_pretrained.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(
+        EmbeddedEngine, "from_pretrained", classmethod(lambda cls, path, **kwargs: load(cls, other, **kwargs))
+    )
+
+    with pytest.raises(WeightMismatchError, match="LoRA base weights differ"):
+        asyncio.run(Session.start(_lora(small_config)))
