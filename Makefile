@@ -17,7 +17,7 @@ $(VENV)/.stamp-base: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.stamp-dev: pyproject.toml $(VENV)/.stamp-base
-	$(PIP) install -q -e ".[dev,notebook,browser,math,ray,bench]"
+	$(PIP) install -q -e ".[dev,notebook,browser,math,ray,bench,lora]"
 	-[ -d .git ] && $(BIN)/pre-commit install >/dev/null
 	touch $@
 

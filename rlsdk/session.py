@@ -144,6 +144,11 @@ def load_resume_state(config: SessionConfig) -> tuple[Path, dict[str, Any]] | No
         raise ConfigError(
             "launch.num_ranks", config.launch.num_ranks, f"{ranks}, the rank count of checkpoint {directory}"
         )
+    lora_rank = saved.get("train", {}).get("lora_rank", 0)
+    if lora_rank != config.train.lora_rank:
+        raise ConfigError(
+            "train.lora_rank", config.train.lora_rank, f"{lora_rank}, the LoRA rank of checkpoint {directory}"
+        )
     parallelism = saved.get("train", {}).get("parallelism", "ddp")
     if parallelism != config.train.parallelism:
         raise ConfigError(
@@ -178,8 +183,10 @@ async def _check_before_start(config: SessionConfig) -> tuple[tuple[Path, dict[s
     model's special tokens. Records logged meanwhile (e.g. prompts dropped by ``data.max_prompt_tokens``) are kept
     and shown once the Session's logging is set up."""
     from rlsdk.data.prepare import data_needs_tokenizer
+    from rlsdk.engine.lora import check_peft_installed
 
     check_model_dir(config.model.path)
+    check_peft_installed(config.train.lora_rank)
     if config.inference.engine == "vllm":
         from rlsdk.engine.inference.vllm import check_before_start
 
@@ -455,11 +462,20 @@ class Session:
         if self._resume is not None:
             self._restore(self._resume[0], self._resume[1], trainer)
         self.versions.trainer_checksum = trainer["checksum"]
-        if cfg.inference.engine != "embedded" or self._resume is not None:
+        if cfg.inference.engine != "embedded" or self._resume is not None or cfg.train.lora_rank > 0:
             # The server's loader gives no checksum of what it loaded from the model directory, and an attached
             # server may hold anything: publish the trainer's v0 and verify it like every later sync. A resumed
             # trainer is at the checkpoint's version, which the engine (loaded from model.path) is not. The
-            # colocated engine's first sync checks that every rank holds the same v0.
+            # colocated engine's first sync checks that every rank holds the same v0. With LoRA the engine serves
+            # the base alone until it loads the trainer's v0 adapter.
+            if trainer.get("base_checksum") is not None and cfg.inference.engine == "embedded":
+                # LoRA: the adapter sync verifies only the adapter; the base both sides loaded is checked here.
+                base = await self._engine().weight_info()
+                if base.checksum != trainer["base_checksum"]:
+                    raise WeightMismatchError(
+                        f"LoRA base weights differ: trainer {trainer['base_checksum'][:12]}, "
+                        f"engine {base.checksum[:12]}"
+                    )
             await self.sync_weights()
         else:
             engine_info = await self._engine().weight_info()
@@ -607,6 +623,7 @@ class Session:
                 url,
                 cfg.model.path,
                 token=token,
+                lora_rank=cfg.train.lora_rank,
                 request_timeout_s=inference.request_timeout_s,
                 sync_timeout_s=inference.sync_timeout_s,
                 transfer=transfer,
@@ -615,6 +632,7 @@ class Session:
         else:
             engine = await VLLMEngine.start(
                 cfg.model.path,
+                lora_rank=cfg.train.lora_rank,
                 kv_cache_gib=inference.kv_cache_gib,
                 max_model_len=inference.max_model_len,
                 extra_server_args=inference.extra_server_args,
@@ -1052,7 +1070,8 @@ class Session:
         return rollout
 
     async def update(self, rollout: Rollout, *, progress: bool | None = None) -> dict[str, float]:
-        """Train on ``rollout`` (one optimizer step on every rank); the trainer publishes version + 1.
+        """Train on ``rollout`` (``train.ppo_epochs`` x mini-batches optimizer steps on every rank); the trainer
+        publishes version + 1 (one version per update, however many optimizer steps).
 
         Samples staler than ``rollout.max_staleness`` raise ``StaleRolloutError`` (policy ``raise``) or are
         dropped and counted (policy ``drop``). Returns step metrics (means over completion tokens).
@@ -1060,6 +1079,7 @@ class Session:
         versions, once the call outlasts a second (``None``: in Jupyter only).
         """
         from rlsdk.algorithms import compute_advantages
+        from rlsdk.engine.train.schedule import minibatch_normalisers
         from rlsdk.observe.progress import CallProgress
 
         engine = self._engine()
@@ -1110,6 +1130,7 @@ class Session:
         }
         num_tokens = int(batch["completion_mask_B_C"].sum())
         per_rank = index_B.numel() // world
+        minibatches = minibatch_normalisers(batch["completion_mask_B_C"], world, cfg.train.mini_batch_size)
         colocated = cfg.inference.engine == "colocated"
         lookahead = self._plan_lookahead(engine)
         bodies = [
@@ -1118,6 +1139,7 @@ class Session:
                 "num_tokens": num_tokens,
                 "num_sequences": index_B.numel(),
                 "with_checksum": colocated,
+                "minibatches": minibatches,
                 **({"then_generate": lookahead[r]} if lookahead is not None else {}),
             }
             for r in range(world)
@@ -1180,6 +1202,8 @@ class Session:
             "train/kl": totals["kl_sum"] / tokens,
             "train/entropy": totals["entropy_sum"] / tokens,
             "train/grad_norm": float(results[0]["grad_norm"]),
+            "train/lr": float(results[0]["lr"]),
+            "train/optimizer_steps": float(results[0]["optimizer_steps"]),
             "train/tokens": totals["tokens"],
             "train/dropped_stale": float(stale),
             "train/used_samples": float(index_B.numel()),
@@ -1290,7 +1314,7 @@ class Session:
             else:
                 info = await engine.load_weights("", self.versions.trainer_version)
             published = {"path": "", "version": info.version, "checksum": info.checksum}
-        elif getattr(transfer, "name", None) == "nccl":
+        elif getattr(transfer, "name", None) == "nccl" and self.config.train.lora_rank == 0:
             # GPU path: no file. The engine's transfer has trainer rank 0 broadcast (rank command
             # broadcast_weights_nccl) and checks the workers' checksums; what rank 0 sent is verified below.
             info = await engine.load_weights("", self.versions.trainer_version)
@@ -1302,6 +1326,7 @@ class Session:
                 timeout_s=self.config.launch.command_timeout_s,
             )
             published = results[0]
+            # LoRA: published["path"] is an adapter directory, and only it moves (rlsdk.engine.lora).
             info = await engine.load_weights(published["path"], published["version"])
         expected = self.versions.trainer_version
         if info.version != expected or info.checksum != published["checksum"]:
@@ -1314,7 +1339,10 @@ class Session:
         self.versions.trainer_checksum = published["checksum"]
         self.versions.record_sync(info.version, info.checksum, seconds)
         if self.metrics is not None:
-            self.metrics.log(self.step, {"time/sync_s": seconds, "version/engine": float(info.version)})
+            sync_stats = {"time/sync_s": seconds, "version/engine": float(info.version)}
+            if published.get("bytes") is not None:  # what the sync moved (a LoRA run: the adapter only)
+                sync_stats["sync/bytes"] = float(published["bytes"])
+            self.metrics.log(self.step, sync_stats)
         logger.debug("engine now serves v%d (sync %.3f s)", info.version, seconds)
         return info
 

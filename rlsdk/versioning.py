@@ -1,7 +1,11 @@
 """Weight versions: the ledger of what the trainer published and the engine serves, and the staleness policy.
 
-A version is an integer per policy: 0 for the initial weights, +1 for every optimizer update the train engine
-publishes. Every generated token records the version that produced it.
+A version is an integer per policy: 0 for the initial weights, +1 for every update the train engine publishes.
+One ``Session.update`` is one published version, however many optimizer steps it runs (``train.ppo_epochs`` x
+mini-batches): the engine only ever serves what a sync publishes, so the optimizer steps inside an update have
+no version of their own. With LoRA (``train.lora_rank``) the version names the adapter the trainer published,
+on the base weights both sides loaded from ``model.path``. Every generated token records the version that
+produced it.
 """
 
 from __future__ import annotations
@@ -47,7 +51,11 @@ class SyncRecord:
 
 @dataclass
 class VersionLedger:
-    """Who holds which version. The Session owns one; checkpoints store it."""
+    """Who holds which version. The Session owns one; checkpoints store it.
+
+    ``trainer_version`` counts published updates (+1 per ``Session.update``, whatever its number of optimizer
+    steps); ``trainer_checksum`` / ``engine_checksum`` are of the full weights, or of the adapter tensors only when
+    the run trains LoRA adapters (``train.lora_rank > 0``)."""
 
     trainer_version: int = 0
     engine_version: int = 0

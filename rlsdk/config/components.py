@@ -366,6 +366,29 @@ class TrainConfig:
             forward returns no transformers cache fall back to that.
         eval_every: ``Session.train`` runs ``Session.evaluate`` (held-out prompts, greedy) every N steps and
             after its last step, >= 0; 0 = never.
+        lr_scheduler: Learning-rate schedule after the warm-up, from transformers' schedule functions (as TRL):
+            'constant' (the default), 'linear' (to 0) or 'cosine' (half a cosine to 0). It steps once per optimizer
+            step; its horizon is max_steps x the optimizer steps of one update (ppo_epochs x mini-batches of a
+            full batch of data.prompts_per_step x rollout.group_size sequences). Past the horizon 'linear' stays
+            at 0 and 'cosine' rises again (a warning is logged once). Saved in checkpoints and resumed exactly.
+        warmup_steps: Optimizer steps of linear warm-up from 0 to lr, >= 0; 0 = none.
+        ppo_epochs: Passes over each batch (verl's ppo_epochs, TRL's num_iterations), >= 1. With more than one
+            optimizer step per update the trainer first recomputes the batch's log-probs once, without gradients,
+            on the weights the update starts from (the proximal "old" log-probs of algorithm.off_policy 'tis' and
+            'decoupled', and the trainer-vs-engine agreement metrics); every step of the update reuses them.
+        mini_batch_size: Sequences per optimizer step over all ranks (verl's ppo_mini_batch_size in sequences,
+            TRL's per-device batch x devices); each epoch takes the batch's mini-batches in order (no shuffling),
+            each normalised by its own global token/sequence count. None (default) = the whole batch, one step
+            per epoch. A multiple of launch.num_ranks, at most data.prompts_per_step x rollout.group_size. One
+            update still publishes one weight version, whatever its number of optimizer steps.
+        lora_rank: Train LoRA adapters of this rank (``peft``, the ``lora`` extra) instead of every weight; the
+            engines then receive only the adapter at a sync (see docs/howto/lora.md). 0 (default) = full fine-tuning,
+            else >= 1. Needs train.parallelism 'ddp'.
+        lora_alpha: LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank), > 0.
+        lora_dropout: Dropout on the LoRA input, in [0, 1). Keep 0 for RL: with dropout the trainer's log-probs
+            differ from the engine's (which never drops out) and the PPO ratio is no longer 1 on-policy.
+        lora_target_modules: Module names (or suffixes) that get adapters, as peft's target_modules; ('all-linear',)
+            (default) = every linear layer but the output head. Non-empty.
     """
 
     lr: float = 1e-3
@@ -381,6 +404,15 @@ class TrainConfig:
     resume_from: str | None = None
     share_prompt_prefix: bool = True
     eval_every: int = 0
+    # Appended so that positional construction of the fields above keeps working.
+    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = 0
+    ppo_epochs: int = 1
+    mini_batch_size: int | None = None
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_target_modules: tuple[str, ...] = ("all-linear",)
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -404,6 +436,26 @@ class TrainConfig:
             "None, 'latest', 'auto' or the path of a step_N checkpoint directory",
         )
         require(self, "eval_every", self.eval_every >= 0, "an int >= 0 (0 = never)")
+        require(self, "warmup_steps", self.warmup_steps >= 0, "an int >= 0 (0 = no warm-up)")
+        require(self, "ppo_epochs", self.ppo_epochs >= 1, "an int >= 1")
+        require(
+            self, "mini_batch_size", self.mini_batch_size is None or self.mini_batch_size >= 1, "None or an int >= 1"
+        )
+        require(self, "lora_rank", self.lora_rank >= 0, "an int >= 0 (0 = full fine-tuning)")
+        require(self, "lora_alpha", self.lora_alpha > 0, "a finite float > 0")
+        require(self, "lora_dropout", 0 <= self.lora_dropout < 1, "a float in [0, 1)")
+        require(
+            self,
+            "lora_target_modules",
+            len(self.lora_target_modules) > 0 and all(m.strip() for m in self.lora_target_modules),
+            "a non-empty tuple of non-empty module names, e.g. ('all-linear',) or ('q_proj', 'v_proj')",
+        )
+        require(
+            self,
+            "parallelism",
+            self.lora_rank == 0 or self.parallelism == "ddp",
+            "'ddp' when lora_rank > 0 (LoRA adapters are trained on DDP ranks only)",
+        )
 
 
 # What each AlgorithmConfig.name fixes. 'grpo' fixes nothing: it is the pre-preset behaviour, every field

@@ -47,7 +47,8 @@ class SessionConfig:
     trains on at least one sample per step); a group-relative advantage ('grpo', 'dr_grpo', 'rloo',
     'reinforce_pp_baseline') needs ``rollout.group_size`` >= 2;
     ``inference.engine='vllm'`` needs ``model.dtype='float32'``; ``inference.engine='colocated'`` needs
-    ``train.parallelism='ddp'`` and ``rollout.mode='sequential'``.
+    ``train.parallelism='ddp'`` and ``rollout.mode='sequential'``; ``train.mini_batch_size`` is a multiple of
+    ``launch.num_ranks`` and at most ``data.prompts_per_step`` x ``rollout.group_size``.
     """
 
     model: ModelConfig
@@ -109,6 +110,7 @@ class SessionConfig:
                 "baseline) for one sample per prompt",
             )
         samples = self.data.prompts_per_step * self.rollout.group_size
+        self._validate_mini_batch(samples)
         if samples < self.launch.num_ranks:
             # Session.update splits a step's samples equally over the ranks; with fewer samples than ranks the
             # first update would fail only after every process had started.
@@ -117,4 +119,25 @@ class SessionConfig:
                 self.launch.num_ranks,
                 f"at most data.prompts_per_step x rollout.group_size = {self.data.prompts_per_step} x "
                 f"{self.rollout.group_size} = {samples} (each rank trains on at least one sample per step)",
+            )
+
+    def _validate_mini_batch(self, samples: int) -> None:
+        """``train.mini_batch_size``: every rank takes an equal share of each mini-batch (SPMD: the same number
+        of optimizer steps and collectives on every rank), and a mini-batch larger than the batch means nothing."""
+        size = self.train.mini_batch_size
+        if size is None:
+            return
+        if size % self.launch.num_ranks != 0:
+            raise ConfigError(
+                "train.mini_batch_size",
+                size,
+                f"a multiple of launch.num_ranks = {self.launch.num_ranks} (each rank takes an equal share of every "
+                "mini-batch, so every rank runs the same optimizer steps), or None",
+            )
+        if size > samples:
+            raise ConfigError(
+                "train.mini_batch_size",
+                size,
+                f"at most data.prompts_per_step x rollout.group_size = {self.data.prompts_per_step} x "
+                f"{self.rollout.group_size} = {samples} (the sequences of one update), or None",
             )

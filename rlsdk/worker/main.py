@@ -98,6 +98,8 @@ class Worker:
         self.engine.on_progress = self.report_progress
         # Every rank calls it (a collective with train.parallelism 'fsdp2'); only rank 0 computes the checksum.
         info = self.engine.weight_info(with_checksum=self.rank == 0)
+        if self.engine.base_checksum is not None:  # LoRA: the frozen base's, for the engine's start-up check
+            info["base_checksum"] = self.engine.base_checksum
         expected = self.engine.resumed_checksum
         loaded = info.get("checksum")
         if expected is not None and self._legacy_checksum(expected):
@@ -125,15 +127,17 @@ class Worker:
         return checksum_algorithm(checksum) != CHECKSUM_ALGORITHM
 
     def update(self, body: dict[str, Any]) -> dict[str, Any]:
-        """One optimizer step. With ``then_generate`` (a ``generate`` body: the colocated engine's look-ahead), this
-        rank then samples its share of the next batch with the new weights and returns it as ``then_generate``;
-        a generation that raises leaves the update's result standing and returns ``then_generate_error`` instead
-        (the Session then generates the batch with a plain ``generate`` command, which raises it again)."""
+        """One update (``train.ppo_epochs`` x mini-batches optimizer steps). With ``then_generate`` (a ``generate``
+        body: the colocated engine's look-ahead), this rank then samples its share of the next batch with the new
+        weights and returns it as ``then_generate``; a generation that raises leaves the update's result standing
+        and returns ``then_generate_error`` instead (the Session then generates the batch with a plain
+        ``generate`` command, which raises it again)."""
         result = self._require_engine().update(
             body["shard"],
             body["num_tokens"],
             num_sequences_global=body.get("num_sequences"),
             with_checksum=bool(body.get("with_checksum", False)),
+            minibatches=[tuple(m) for m in body["minibatches"]] if body.get("minibatches") else None,
         )
         then_generate = body.get("then_generate")
         if then_generate is not None:

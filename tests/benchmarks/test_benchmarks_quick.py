@@ -90,6 +90,20 @@ def check_soak(data: dict[str, Any]) -> None:
     assert data["after_close"]["controller_fds"] <= data["baseline"]["controller_fds"]
 
 
+def check_lora(data: dict[str, Any]) -> None:
+    (entry,) = data["results"].values()  # --quick: the 0.1M model on the embedded engine
+    full, lora = entry["full"], entry["lora"]
+    assert 0 < lora["sync_bytes"] < full["sync_bytes"]  # the sync moves only the adapter
+    assert 0 < lora["trained_parameters"] < full["trained_parameters"] == full["parameters"]
+    assert entry["ratios_lora_over_full"]["step_s"] > 0
+
+
+def peft_missing() -> str | None:
+    if importlib.util.find_spec("peft") is None:
+        return 'peft is not installed (the lora extra: pip install -e ".[lora]")'
+    return None
+
+
 def trl_missing() -> str | None:
     if importlib.util.find_spec("trl") is None:
         return 'trl is not installed (the bench extra: pip install -e ".[bench]")'
@@ -119,6 +133,7 @@ CASES: dict[str, tuple[Callable[[dict[str, Any]], None], list[Any], Callable[[],
     "trl_compare": (check_trl_compare, DISTRIBUTED, trl_missing),  # 151 s: 4 subprocesses, two 2-rank Sessions
     "scaling": (check_scaling, DISTRIBUTED, None),  # 49 s: 3 Session starts (1 rank may not start: recorded)
     "soak": (check_soak, DISTRIBUTED, None),  # 32 s: a 2-rank Session for 30 steps
+    "lora": (check_lora, DISTRIBUTED, peft_missing),  # 90 s: 2 Sessions (full, LoRA) x 4 steps
 }
 
 

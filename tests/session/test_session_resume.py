@@ -33,6 +33,7 @@ async def _steps(session: Session, count: int) -> list[dict[str, Any]]:
                 "rewards": rollout.rewards_B.tolist(),
                 "loss": stats["train/loss"],
                 "grad_norm": stats["train/grad_norm"],
+                "lr": stats["train/lr"],
                 "versions": (session.versions.trainer_version, session.versions.engine_version),
                 "checksum": session.versions.trainer_checksum,
             }
@@ -40,12 +41,20 @@ async def _steps(session: Session, count: int) -> list[dict[str, Any]]:
     return records
 
 
-@pytest.mark.parametrize("parallelism", ["ddp", "fsdp2"])
+# ddp_ppo: several optimizer steps per update and a warm-up + cosine schedule, which the checkpoint must carry.
+TRAIN_VARIANTS: dict[str, dict[str, Any]] = {
+    "ddp": {},
+    "fsdp2": {"parallelism": "fsdp2"},
+    "ddp_ppo": {"ppo_epochs": 2, "mini_batch_size": 8, "lr_scheduler": "cosine", "warmup_steps": 3, "max_steps": 6},
+}
+
+
+@pytest.mark.parametrize("variant", list(TRAIN_VARIANTS))
 def test_session_resumed_from_latest_checkpoint_replays_the_original_runs_next_steps(
-    small_config: SessionConfig, parallelism: str
+    small_config: SessionConfig, variant: str
 ) -> None:
     small_config = dataclasses.replace(
-        small_config, train=dataclasses.replace(small_config.train, parallelism=parallelism)
+        small_config, train=dataclasses.replace(small_config.train, **TRAIN_VARIANTS[variant])
     )
 
     async def run_a() -> tuple[list[dict[str, Any]], Path]:
@@ -83,6 +92,7 @@ def test_session_resumed_from_latest_checkpoint_replays_the_original_runs_next_s
         assert got["rewards"] == pytest.approx(want["rewards"], rel=1e-6, abs=0.0)
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-5, abs=1e-7)
         assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5, abs=1e-7)
+        assert got["lr"] == want["lr"]
         # Bitwise: fp32 weights round-trip through safetensors, the optimizer state through torch.save.
         assert got["checksum"] == want["checksum"]
     assert seconds < 300

@@ -309,26 +309,41 @@ class EmbeddedEngine:
     def _load_weights_sync(self, path: str, version: int) -> WeightInfo:
         from safetensors.torch import load_model
 
-        load_model(self._model, path, strict=True)
-        self._checksum = state_dict_checksum(self._model.state_dict())
+        if Path(path).is_dir():
+            self._load_adapter_sync(path)
+        else:
+            load_model(self._model, path, strict=True)
+            self._checksum = state_dict_checksum(self._model.state_dict())
         self._version = version
         self._applied = (path, version)
         logger.info("embedded engine loaded %s as version %d (checksum %s)", path, version, self._checksum[:12])
         return WeightInfo(version=self._version, checksum=self._checksum)
 
+    def _load_adapter_sync(self, path: str) -> None:
+        """LoRA (``train.lora_rank``): apply the peft adapter directory at ``path`` to the served base weights,
+        unmerged (the forward adds the low-rank path, as the trainer's does, so both compute the same logprobs);
+        the first adapter wraps the model with peft. The checksum is of the adapter tensors the model now holds."""
+        from rlsdk.engine.lora import load_adapter
+
+        self._model, self._checksum = load_adapter(self._model, path)
+        self._model.eval()
+
     async def load_weights(self, path: str, version: int) -> WeightInfo:
-        """Load weights saved by ``safetensors.torch.save_model(model, path)``; serve them as ``version``.
+        """Load weights saved by ``safetensors.torch.save_model(model, path)``, or the LoRA adapter directory at
+        ``path`` (:func:`~rlsdk.engine.lora.publish_adapter`, applied to the served base weights); serve them as
+        ``version``.
 
         A generation running now applies them before its next decode step (its later tokens carry
         ``version``); otherwise they load on the worker thread at once. Returns when they are served. The
-        returned checksum is ``state_dict_checksum`` of the loaded weights.
+        returned checksum is ``state_dict_checksum`` of the loaded weights (of the adapter's tensors for an
+        adapter).
 
         Raises:
             FileNotFoundError: ``path`` does not exist.
             RuntimeError: missing or unexpected tensors (strict load), or the engine is closed.
         """
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"no weights file at {path}")
+        if not (Path(path).is_file() or Path(path).is_dir()):
+            raise FileNotFoundError(f"no weights file or adapter directory at {path}")
         self._check_open()
         request = (str(path), version)
         with self._pending_lock:

@@ -34,7 +34,7 @@ from rlsdk.engine.inference.sampling import _validate_params
 from rlsdk.engine.inference.stopping import SpecialTokens, check_stop_strings, resolve_special_tokens
 from rlsdk.engine.inference.vllm_auth import TOKEN_ENV
 from rlsdk.engine.inference.vllm_server import SERVED_MODEL_NAME, InferenceServerError, VLLMServer, http_client
-from rlsdk.engine.inference.weight_transfer import FileWeightTransfer, WeightTransfer
+from rlsdk.engine.inference.weight_transfer import FileWeightTransfer, WeightTransfer, check_worker_results
 from rlsdk.observe.logging import get_logger
 
 logger = get_logger(__name__)
@@ -44,6 +44,24 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 _MASK64 = (1 << 64) - 1
+
+# LoRA (train.lora_rank > 0): the name the trainer's adapter is served under, and the ranks vLLM's
+# --max-lora-rank accepts (vllm.config.lora.MaxLoRARanks).
+LORA_NAME = "rlsdk-lora"
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_server_args(lora_rank: int) -> list[str]:
+    """Server arguments that let it serve one LoRA adapter of rank ``lora_rank`` (the smallest
+    ``--max-lora-rank`` vLLM accepts that is >= it).
+
+    Raises:
+        ValueError: ``lora_rank`` is above vLLM's largest LoRA rank.
+    """
+    fitting = [rank for rank in VLLM_LORA_RANKS if rank >= lora_rank]
+    if not fitting:
+        raise ValueError(f"train.lora_rank={lora_rank}: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}")
+    return ["--enable-lora", "--max-lora-rank", str(fitting[0]), "--max-loras", "1", "--max-cpu-loras", "1"]
 
 
 def request_seed(seed: int, row: int) -> int:
@@ -136,10 +154,14 @@ class VLLMEngine:
         request_timeout_s: float = 600.0,
         sync_timeout_s: float = 120.0,
         token: str | None = None,
+        lora_rank: int = 0,
     ) -> None:
         import httpx
 
         self.url = url.rstrip("/")
+        # LoRA: syncs load the trainer's adapter (_load_lora) and generation asks for it by name once loaded.
+        self.lora_name: str | None = LORA_NAME if lora_rank > 0 else None
+        self._adapter_loaded = False
         self.server = server
         self.transfer: WeightTransfer = transfer if transfer is not None else FileWeightTransfer()
         self._pad_token_id = int(pad_token_id)
@@ -175,6 +197,7 @@ class VLLMEngine:
         runtime_dir: str | None = None,
         weights_dir: str | None = None,
         special_tokens: SpecialTokens | None = None,
+        lora_rank: int = 0,
     ) -> VLLMEngine:
         """Start a vLLM server for ``model_path`` and return an engine serving v0.
 
@@ -186,6 +209,10 @@ class VLLMEngine:
         (default: resolved from ``model_path``, see :func:`~rlsdk.engine.inference.stopping.resolve_special_tokens`);
         every EOS id stops a completion.
 
+        ``lora_rank > 0`` (``train.lora_rank``): the server also serves one LoRA adapter of that rank
+        (``--enable-lora``, runtime adapter loading), and every sync loads the trainer's adapter instead of
+        full weights.
+
         Raises:
             ValueError: the model's head size is not supported by vLLM's CPU attention (checked before start).
             InferenceServerError: the server exited during start-up or was not healthy in ``start_timeout_s``.
@@ -195,15 +222,18 @@ class VLLMEngine:
         # its plain F.linear weights generate ~2x slower on CPU (docs/howto/vllm.md, "Measured here").
         transfer = transfer if transfer is not None else FileWeightTransfer()
         special = special_tokens if special_tokens is not None else resolve_special_tokens(model_path)
+        lora_args = lora_server_args(lora_rank) if lora_rank > 0 else []
         server = await VLLMServer.start(
             model_path,
             kv_cache_gib=kv_cache_gib,
             max_model_len=max_model_len,
-            extra_args=[*transfer.server_args(), *extra_server_args],
+            extra_args=[*transfer.server_args(), *lora_args, *extra_server_args],
             timeout_s=start_timeout_s,
             on_line=on_line,
             runtime_dir=runtime_dir,
             weights_dir=weights_dir,
+            # /v1/load_lora_adapter exists only with this; only a LoRA run's server enables it.
+            env={**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if lora_rank > 0 else None,
         )
         engine = cls(
             server.url,
@@ -214,6 +244,7 @@ class VLLMEngine:
             request_timeout_s=request_timeout_s,
             sync_timeout_s=sync_timeout_s,
             token=server.token,
+            lora_rank=lora_rank,
         )
         try:
             await engine._post("/update_weight_version", json={"new_version": "0"}, timeout_s=sync_timeout_s)
@@ -233,11 +264,13 @@ class VLLMEngine:
         sync_timeout_s: float = 120.0,
         transfer: WeightTransfer | None = None,
         special_tokens: SpecialTokens | None = None,
+        lora_rank: int = 0,
     ) -> VLLMEngine:
         """Use a running server at ``url`` (``http(s)://HOST:PORT``, or ``unix:/path/to.sock``), started with the
         flags of :func:`~rlsdk.engine.inference.vllm_server.server_command` (dev mode, ``--enable-scale-out``,
-        ``--logprobs-mode processed_logprobs``, rlsdk's worker extension and its token middleware) and its token in
-        ``VLLM_API_KEY``. Closing the engine leaves the server running.
+        ``--logprobs-mode processed_logprobs``, rlsdk's worker extension and its token middleware; for
+        ``lora_rank > 0`` also with :func:`lora_server_args` and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) and its
+        token in ``VLLM_API_KEY``. Closing the engine leaves the server running.
 
         ``token``: the server's bearer token; None = this process's ``VLLM_API_KEY``. Attaching checks that the
         server refuses a request without it: a server whose development endpoints answer anyone who reaches
@@ -264,6 +297,7 @@ class VLLMEngine:
             request_timeout_s=request_timeout_s,
             sync_timeout_s=sync_timeout_s,
             token=token,
+            lora_rank=lora_rank,
         )
         try:
             await engine._get("/health", timeout_s=10.0)
@@ -318,7 +352,10 @@ class VLLMEngine:
             )
         if not response.content:
             return None
-        return response.json()
+        try:
+            return response.json()
+        except ValueError:
+            return response.text  # e.g. /v1/load_lora_adapter's "Success: ..."
 
     async def _get(self, path: str, *, timeout_s: float, **kwargs: Any) -> Any:
         return await self._request("GET", path, timeout_s=timeout_s, **kwargs)
@@ -356,7 +393,7 @@ class VLLMEngine:
             sampling["seed"] = seed  # vLLM gives the n children seeds seed, seed + 1, ...
         body = await self._post(
             "/inference/v1/generate",
-            json={"model": SERVED_MODEL_NAME, "token_ids": list(prompt), "sampling_params": sampling},
+            json={"model": self._served_name(), "token_ids": list(prompt), "sampling_params": sampling},
             timeout_s=self._request_timeout_s,
         )
         choices = sorted(body["choices"], key=lambda choice: choice["index"])
@@ -468,13 +505,14 @@ class VLLMEngine:
                     # below. Token weight versions are stamped in the engine core, so no output is mislabelled.
                     await self._post("/sleep", params={"level": 0, "mode": "wait"}, timeout_s=timeout)
                     paused_s = time.perf_counter() - start
-                    step = f"weight transfer ({self.transfer.name}) of {path}"
+                    step = f"weight transfer ({'lora' if self.lora_name else self.transfer.name}) of {path}"
                     # The prefix-cache reset (KV blocks computed with the old weights must not be reused) runs
                     # while the weights load: nothing is scheduled while paused, so no new block can be cached
                     # between the two. Only the rlsdk token-in/out text endpoint is served: no multimodal or
                     # encoder cache to clear.
+                    push = self._load_lora(path, version, timeout) if self.lora_name else None
                     pushed, reset = await asyncio.gather(
-                        self.transfer.push(self._rpc, path, version, timeout),
+                        push if push is not None else self.transfer.push(self._rpc, path, version, timeout),
                         self._post("/reset_prefix_cache", timeout_s=timeout),
                         return_exceptions=True,
                     )
@@ -535,6 +573,27 @@ class VLLMEngine:
                 self.last_sync["seconds"],
             )
             return info
+
+    def _served_name(self) -> str:
+        """The model name generation requests ask for: the trainer's adapter once one was loaded (LoRA), else
+        the base model."""
+        return LORA_NAME if self.lora_name and self._adapter_loaded else SERVED_MODEL_NAME
+
+    async def _load_lora(self, path: str, version: int, timeout_s: float) -> dict[str, Any]:
+        """LoRA: the server loads the adapter directory at ``path`` in place of the one it serves
+        (``/v1/load_lora_adapter`` with ``load_inplace``: vLLM reads the directory itself); then every worker
+        confirms it holds the adapter and checksums the adapter tensors under the trainer's names
+        (``rlsdk_lora_loaded`` of the worker extension). ``path`` is a directory the trainer never changes once
+        published (:func:`~rlsdk.engine.lora.publish_adapter`), so the bytes hashed are the bytes vLLM loaded."""
+        start = time.perf_counter()
+        body = {"lora_name": self.lora_name, "lora_path": path, "load_inplace": True}
+        await self._post("/v1/load_lora_adapter", json=body, timeout_s=timeout_s)
+        self._adapter_loaded = True
+        loaded = check_worker_results(
+            "rlsdk_lora_loaded", version, await self._rpc("rlsdk_lora_loaded", {"path": path}, timeout_s)
+        )
+        loaded["load_s"] = time.perf_counter() - start
+        return loaded
 
     async def _resume(self, timeout_s: float) -> None:
         """End the level-0 sleep of :meth:`load_weights`: ``/wake_up?tags=scheduling`` resumes the scheduler and

@@ -606,6 +606,42 @@ class WeightSyncExtension:
         if cached is not None:
             cached.close()
 
+    def rlsdk_lora_loaded(self, path: str) -> dict[str, Any]:
+        """After ``/v1/load_lora_adapter`` loaded the adapter directory at ``path`` (LoRA runs): confirm this worker
+        holds an adapter and record the checksum of the adapter's tensors read from ``path``, under the trainer's
+        names (:func:`rlsdk.engine.lora.read_adapter`), as the served checksum.
+
+        vLLM reads the adapter itself, and keeps it merged and rescaled in its own layout (fused qkv, lora_b times
+        the scaling), so the served tensors cannot be hashed under the trainer's names. The trainer publishes each
+        version into a new directory it never changes (``rlsdk.engine.lora.publish_adapter``), so the tensors
+        hashed here are the ones vLLM loaded. Never raises (see :meth:`rlsdk_load_weights`): ``{"error": ...}``,
+        which also clears the recorded checksum.
+        """
+        import time
+
+        start = time.perf_counter()
+        try:
+            adapters = sorted(self.list_loras())  # type: ignore[attr-defined]
+            if not adapters:
+                raise RuntimeError("the worker holds no LoRA adapter after /v1/load_lora_adapter")
+            from rlsdk.engine.lora import read_adapter
+            from rlsdk.engine.weights import state_dict_checksum
+
+            tensors, _ = read_adapter(path)
+            checksum = state_dict_checksum(tensors)
+        except Exception as exc:
+            self._rlsdk_checksum = None
+            return {"error": f"LoRA adapter {path}: {type(exc).__name__}: {exc}"}
+        self._rlsdk_checksum = checksum
+        self._rlsdk_path = path
+        return {
+            "checksum": checksum,
+            "path": path,
+            "adapters": adapters,
+            "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
+            "checksum_s": time.perf_counter() - start,
+        }
+
     def rlsdk_weight_info(self) -> dict[str, Any]:
         """The checksum of the last weights loaded through :meth:`rlsdk_load_weights` (None before the first)."""
         return {"checksum": getattr(self, "_rlsdk_checksum", None), "path": getattr(self, "_rlsdk_path", None)}

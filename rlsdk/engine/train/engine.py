@@ -158,8 +158,16 @@ def _rewrite_in_place(path: str, state_dict: dict[str, torch.Tensor]) -> bool:
         os.close(fd)
 
 
+def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters the optimizer updates: all of them, or the adapters of a LoRA model (same order)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 class TrainEngine:
-    """Model + AdamW on one rank; ``update`` takes this rank's shard of a batch and publishes version + 1."""
+    """Model + AdamW on one rank; ``update`` takes this rank's shard of a batch and publishes version + 1.
+
+    With ``train.lora_rank > 0`` the model is a peft LoRA model (:mod:`rlsdk.engine.lora`): only the adapters
+    train, and :meth:`weight_info`, :meth:`export_weights` and checkpoints hold the adapter, not the base."""
 
     def __init__(self, config: SessionConfig, accelerator: Any, *, resume_from: str | None = None) -> None:
         """``resume_from``: a verified checkpoint directory (see :meth:`load_checkpoint`); None: ``model.path``
@@ -177,12 +185,23 @@ class TrainEngine:
         self._generator: torch.Generator | None = None
         self._tokenizer: Any = None  # decodes colocated completions for stop strings (made on first use)
         torch.manual_seed(config.seed)
+        train = config.train
+        self.lora = train.lora_rank > 0
+        # LoRA: the base always comes from model.path (a checkpoint holds only the adapter), checksummed once so
+        # that a resume can tell it is the base the adapter was trained on.
+        self.base_checksum: str | None = None
         model = AutoModelForCausalLM.from_pretrained(
-            config.model.path if resume_from is None else str(Path(resume_from) / "model"),
+            config.model.path if resume_from is None or self.lora else str(Path(resume_from) / "model"),
             dtype=_DTYPES[config.model.dtype],
             trust_remote_code=config.model.trust_remote_code,
         )
-        train = config.train
+        if self.lora:
+            from rlsdk.engine.lora import apply_lora, load_adapter
+
+            self.base_checksum = state_dict_checksum(model.state_dict())
+            model = apply_lora(model, train)
+            if resume_from is not None:
+                model, _ = load_adapter(model, Path(resume_from) / "model")
         self.fsdp2 = train.parallelism == "fsdp2"
         if self.fsdp2:
             from rlsdk.engine.train.fsdp import shard_model
@@ -192,19 +211,19 @@ class TrainEngine:
             logger.info("fsdp2: %d decoder layers sharded separately, then the root", layers)
             self.model: Any = model
             self.optimizer: Any = torch.optim.AdamW(
-                model.parameters(), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay
+                _trainable(model), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay
             )
         else:
             # The fused kernel (one pass over each parameter, TRL's default 'adamw_torch_fused'): the same AdamW
             # update at ~3x less time than foreach on the default policy; foreach where a device has no kernel.
             try:
                 optimizer = torch.optim.AdamW(
-                    model.parameters(), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay, fused=True
+                    _trainable(model), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay, fused=True
                 )
             except RuntimeError as exc:
                 logger.debug("fused AdamW unavailable (%s); using foreach", exc)
                 optimizer = torch.optim.AdamW(
-                    model.parameters(), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay
+                    _trainable(model), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay
                 )
             self.model, self.optimizer = accelerator.prepare(model, optimizer)
             if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
@@ -213,6 +232,9 @@ class TrainEngine:
                 # buffers (rotary inv_freq) are constants every rank builds from the same config, and DDP's
                 # constructor already broadcast them once. (torch 2.13 name of broadcast_buffers.)
                 self.model.forward_sync_buffers = False
+        from rlsdk.engine.train.schedule import LRSchedule
+
+        self.schedule = LRSchedule(self.optimizer, config)
         self.ref_model: torch.nn.Module | None = None
         if config.algorithm.kl_coef > 0:
             self.ref_model = AutoModelForCausalLM.from_pretrained(
@@ -220,9 +242,10 @@ class TrainEngine:
             ).eval()
             self.ref_model.requires_grad_(False)
         logger.info(
-            "train engine ready: %s, %d parameters, distributed type %s",
+            "train engine ready: %s, %d parameters (%d trained), distributed type %s",
             Path(config.model.path).name,
             sum(p.numel() for p in model.parameters()),
+            sum(p.numel() for p in _trainable(model)),
             accelerator.distributed_type,
         )
         if resume_from is not None:
@@ -266,38 +289,156 @@ class TrainEngine:
         *,
         num_sequences_global: int | None = None,
         with_checksum: bool = False,
+        minibatches: list[tuple[int, int]] | None = None,
     ) -> dict[str, Any]:
-        """One optimizer step on this rank's shard; returns metric SUMS over this shard (controller reduces).
+        """``train.ppo_epochs`` passes over this rank's shard, one optimizer step per mini-batch; returns metric
+        SUMS over this shard (controller reduces), as means over the epochs.
 
-        Publishes version + 1. See :meth:`accumulate_gradients` for the shard layout and normalisation.
-        ``with_checksum``: the result also holds the new weights' ``checksum`` (:meth:`weight_info`; every rank
-        must get the same flag: with 'fsdp2' it gathers), so a colocated engine verifies the sync without another
-        command.
+        Publishes version + 1: one update is one published weight version, however many optimizer steps it runs
+        (the engine serves only what a sync publishes). See :meth:`accumulate_gradients` for the shard layout and
+        normalisation, and :mod:`rlsdk.engine.train.schedule` for the mini-batch split: ``minibatches`` holds each
+        mini-batch's global ``(num_tokens, num_sequences)`` over all ranks, in the order of
+        :func:`~rlsdk.engine.train.schedule.minibatch_bounds`; None = one mini-batch, the whole batch
+        (``num_tokens_global``, ``num_sequences_global``).
+
+        With more than one optimizer step, the proximal ("old") log-probs are computed once first, without
+        gradients, on the weights the update starts from (:meth:`proximal_logprobs`), and every step reuses them:
+        the PPO ratio of ``algorithm.off_policy`` 'tis' / 'decoupled' is taken against them (it moves away from 1
+        after the first step, so the clip acts), and the trainer-vs-engine agreement metrics come from them (the
+        later forwards run on weights the engine never served). With ``off_policy='none'`` the ratio is against
+        the engine's behaviour log-probs, as with one step. The learning-rate schedule steps after every
+        optimizer step. ``with_checksum``: the result also holds the new weights' ``checksum``
+        (:meth:`weight_info`; every rank must get the same flag: with 'fsdp2' it gathers), so a colocated engine
+        verifies the sync without another command.
         """
-        start = time.perf_counter()
-        sums = self.accumulate_gradients(shard, num_tokens_global, num_sequences_global=num_sequences_global)
-        grad_norm = torch.tensor(float("nan"))
-        if self.config.train.max_grad_norm is not None:
-            if self.fsdp2:
-                from rlsdk.engine.train.fsdp import clip_grad_norm
+        from rlsdk.engine.train.schedule import minibatch_bounds
 
-                grad_norm = clip_grad_norm(list(self.model.parameters()), self.config.train.max_grad_norm)
-            else:
-                grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.train.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        train = self.config.train
+        bounds = minibatch_bounds(shard["completion_ids_B_C"].shape[0], train.mini_batch_size, self.world_size)
+        if minibatches is None and len(bounds) == 1:
+            minibatches = [(num_tokens_global, num_sequences_global)]
+        if minibatches is None or len(minibatches) != len(bounds):
+            raise ValueError(
+                f"update got {None if minibatches is None else len(minibatches)} mini-batch normalisers for "
+                f"{len(bounds)} mini-batches of train.mini_batch_size={train.mini_batch_size} over this shard"
+            )
+        steps = train.ppo_epochs * len(bounds)
+        agreement: tuple[torch.Tensor, torch.Tensor] | None = None
+        if steps > 1:
+            shard = dict(shard)
+            shard["old_logprobs_B_C"], agreement = self.proximal_logprobs(shard)
+        num_sums = len(_SUM_KEYS)
+        sums = torch.zeros(num_sums, dtype=torch.float64)
+        maxima = torch.full((len(_MAX_KEYS),), float("-inf"), dtype=torch.float64)
+        grad_norms: list[torch.Tensor] = []
+        lr = self.schedule.lr()
+        report = self.on_progress
+        try:
+            for step in range(steps):
+                lo, hi = bounds[step % len(bounds)]
+                num_tokens, num_sequences = minibatches[step % len(bounds)]
+                if report is not None and steps > 1:
+                    self.on_progress = lambda done, total, step=step: report(step * total + done, steps * total)
+                result = self.accumulate_gradients(
+                    {name: tensor[lo:hi] for name, tensor in shard.items()},
+                    num_tokens,
+                    num_sequences_global=num_sequences,
+                )
+                sums += result[:num_sums]
+                maxima = torch.maximum(maxima, result[num_sums:])
+                grad_norms.append(self._optimizer_step())
+        finally:
+            self.on_progress = report
+        sums /= train.ppo_epochs  # means over the epochs: each epoch sees the batch's tokens once
+        sums[_SUM_KEYS.index("objective")] /= len(bounds)  # the mean differentiated loss of one step
+        if agreement is not None:
+            for key, value in zip(("logprob_absdiff_sum", "ratio_dev_sq_sum"), agreement[0]):
+                sums[_SUM_KEYS.index(key)] = value
+            maxima = agreement[1]
         self.version += 1
         set_log_context(version=self.version)
-        values = torch.cat([sums, torch.as_tensor(grad_norm, dtype=torch.float64).reshape(1)]).tolist()
-        result: dict[str, Any] = dict(zip((*_SUM_KEYS, *_MAX_KEYS, "grad_norm"), values))
-        result.update(
+        grad_norm = torch.stack([torch.as_tensor(g, dtype=torch.float64).reshape(()) for g in grad_norms]).mean()
+        values = torch.cat([sums, maxima, grad_norm.reshape(1)]).tolist()
+        result_dict: dict[str, Any] = dict(zip((*_SUM_KEYS, *_MAX_KEYS, "grad_norm"), values))
+        result_dict.update(
             version=self.version,
             seconds=time.perf_counter() - start,
             sequences=shard["completion_ids_B_C"].shape[0],
+            optimizer_steps=steps,
+            lr=lr,
         )
         if with_checksum:
-            result["checksum"] = self.weight_info()["checksum"]
-        return result
+            result_dict["checksum"] = self.weight_info()["checksum"]
+        return result_dict
+
+    @property
+    def world_size(self) -> int:
+        return int(self.accelerator.num_processes)
+
+    def _optimizer_step(self) -> torch.Tensor:
+        """Clip the accumulated gradients to ``train.max_grad_norm`` (None: no clipping), step the optimizer and
+        the learning-rate schedule, zero the gradients. Returns the gradient norm before clipping (NaN without
+        clipping), on the device: no host sync."""
+        grad_norm = torch.tensor(float("nan"))
+        max_norm = self.config.train.max_grad_norm
+        if max_norm is not None:
+            if self.fsdp2:
+                from rlsdk.engine.train.fsdp import clip_grad_norm
+
+                grad_norm = clip_grad_norm(list(self.model.parameters()), max_norm)
+            else:
+                grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
+        self.optimizer.step()
+        self.schedule.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    @torch.no_grad()
+    def proximal_logprobs(
+        self, shard: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The proximal ("old") log-probs of this rank's shard on the current weights, without gradients, in
+        micro-batches of ``train.micro_batch_size``; and their agreement with the behaviour log-probs.
+
+        Every rank calls it with an equal shard (with 'fsdp2' each forward all-gathers). Returns
+        ``(old_logprobs_B_C, (sums, maxima))``: ``sums`` are ``logprob_absdiff_sum`` and ``ratio_dev_sq_sum``,
+        ``maxima`` the ``_MAX_KEYS``, of ``old - behaviour`` over the completion tokens (float64, on the device).
+        When the trainer holds the weights the engine sampled with, ``old`` equals the behaviour log-probs to
+        float rounding, and so does the first forward of :meth:`update`'s first step.
+        """
+        cfg = self.config
+        self.model.train()  # the mode of the gradient forwards, so the first step's ratio is exactly 1
+        micro = cfg.train.micro_batch_size
+        batch = shard["completion_ids_B_C"].shape[0]
+        parts = []
+        for lo in range(0, batch, micro):
+            mb = {name: tensor[lo : lo + micro] for name, tensor in shard.items()}
+            logprobs_B_C, _ = completion_logprobs(
+                self.model,
+                mb["prompt_ids_B_P"],
+                mb["prompt_mask_B_P"],
+                mb["completion_ids_B_C"],
+                mb["completion_mask_B_C"],
+                attention_mask_B_C=mb.get("completion_attention_mask_B_C"),
+                temperature=cfg.rollout.temperature,
+                share_prompts=cfg.train.share_prompt_prefix,
+            )
+            parts.append(logprobs_B_C.detach())
+        old_B_C = torch.cat(parts)
+        valid_B_C = shard["completion_mask_B_C"].bool()
+        log_ratio_B_C = torch.where(valid_B_C, old_B_C.double() - shard["logprobs_B_C"].double(), 0.0)
+        ratio_B_C = log_ratio_B_C.exp()
+        neg_inf = torch.tensor(float("-inf"), dtype=torch.float64)
+        sums = torch.stack([log_ratio_B_C.abs().sum(), log_ratio_B_C.expm1().square().sum()])
+        maxima = torch.stack(
+            [
+                torch.where(valid_B_C, log_ratio_B_C.abs(), neg_inf).max(),
+                torch.where(valid_B_C, ratio_B_C, neg_inf).max(),
+                torch.where(valid_B_C, -ratio_B_C, neg_inf).max(),
+            ]
+        )
+        return old_B_C, (sums, maxima)
 
     def accumulate_gradients(
         self, shard: dict[str, torch.Tensor], num_tokens_global: int, *, num_sequences_global: int | None = None
@@ -321,12 +462,13 @@ class TrainEngine:
         logprobs, detached. That is exact here, not an approximation: the optimizer steps only after the last
         micro-batch, so every forward runs on the weights the update starts from (the trainer's "recomputed old
         logprobs" of the TIS note, at no extra forward). The PPO ratio is then exactly 1, so the clip never
-        engages; the importance weight trainer/engine carries the correction.
-        TODO(algorithms): with several optimizer steps per rollout (PPO epochs / mini-batches) the proximal
-        logprobs must be recomputed by a no-grad forward before the first step.
+        engages; the importance weight trainer/engine carries the correction. With several optimizer steps per
+        update, :meth:`update` passes the proximal log-probs it computed before the first step as
+        ``old_logprobs_B_C`` instead.
 
         Logprob agreement: every forward here runs on the weights the engine served for an on-policy batch (the
-        optimizer steps only after the last micro-batch), so ``|logprobs - behaviour logprobs|`` and the
+        optimizer steps only after the last micro-batch; :meth:`update` replaces these metrics with its proximal
+        pass's when it steps several times), so ``|logprobs - behaviour logprobs|`` and the
         importance ratio ``exp(logprobs - behaviour logprobs)`` measure trainer-vs-engine disagreement (plus the
         policy lag of samples older than the trainer's version). They are computed from tensors the loss
         already needs, on the device, with no extra host sync.
@@ -334,7 +476,9 @@ class TrainEngine:
         cfg = self.config
         expected = {"prompt_ids_B_P", "prompt_mask_B_P", "completion_ids_B_C", "completion_mask_B_C",
                     "logprobs_B_C", "advantages_B"}  # fmt: skip
-        optional = {"completion_attention_mask_B_C"}  # default: completion_mask_B_C (attend = train)
+        # completion_attention_mask_B_C default: completion_mask_B_C (attend = train); old_logprobs_B_C (the
+        # proximal log-probs of update()'s several optimizer steps) default: this forward's, detached
+        optional = {"completion_attention_mask_B_C", "old_logprobs_B_C"}
         if not expected <= set(shard) <= expected | optional:
             raise ValueError(
                 f"update shard has keys {sorted(shard)}, expected {sorted(expected)} (+ optional {sorted(optional)})"
@@ -389,7 +533,7 @@ class TrainEngine:
                 correct = algo.off_policy != "none"
                 loss, metrics = policy_loss(
                     logprobs_B_C,
-                    logprobs_B_C.detach() if correct else mb["logprobs_B_C"],
+                    mb.get("old_logprobs_B_C", logprobs_B_C.detach()) if correct else mb["logprobs_B_C"],
                     mb["advantages_B"],
                     mb["completion_mask_B_C"],
                     clip_eps_low=algo.clip_eps_low,
@@ -545,6 +689,15 @@ class TrainEngine:
         ``"blake3"``/``"sha256"`` only to verify a checkpoint recorded before XXH3); without ``with_checksum`` only
         ``{"version"}``. Every rank calls it: with 'fsdp2' the checksum needs the gathered weights (a
         collective), and ranks without ``with_checksum`` only take part."""
+        if self.lora:  # the adapter's checksum (DDP only: local)
+            from rlsdk.engine.lora import adapter_state_dict
+
+            if not with_checksum:
+                return {"version": self.version}
+            return {
+                "version": self.version,
+                "checksum": state_dict_checksum(adapter_state_dict(self.unwrapped), algorithm),
+            }
         state_dict = self._full_state_dict(keep=with_checksum)
         if state_dict is None:
             return {"version": self.version}
@@ -563,6 +716,13 @@ class TrainEngine:
         """
         from safetensors.torch import save_model
 
+        if self.lora:
+            from rlsdk.engine.lora import publish_adapter
+
+            # Only the adapter moves: publish_dir/v{version}/, a peft adapter directory (rlsdk.engine.lora).
+            return (
+                publish_adapter(self.unwrapped, publish_dir, self.version) if is_writer else {"version": self.version}
+            )
         state_dict = self._full_state_dict(keep=is_writer) if self.fsdp2 else None
         if not is_writer:
             return {"version": self.version}
@@ -575,12 +735,19 @@ class TrainEngine:
 
             source = StateDictSource(state_dict)
             path = publish_safetensors(state_dict, publish_dir, self.version, lambda tmp: save_model(source, tmp))  # type: ignore[arg-type]
-        return {"version": self.version, "path": path, "checksum": state_dict_checksum(state_dict)}
+        return {
+            "version": self.version,
+            "path": path,
+            "checksum": state_dict_checksum(state_dict),
+            # tied weights (one storage under two names) are written once
+            "bytes": sum(t.numel() * t.element_size() for t in {t.data_ptr(): t for t in state_dict.values()}.values()),
+        }
 
     def save_checkpoint(self, directory: str, *, is_writer: bool) -> list[str]:
         """Write this rank's part of a checkpoint into ``directory`` (a temporary directory the controller
-        renames once every rank is done). The writer rank writes the model (``save_pretrained``) and the
-        optimizer; every rank writes its RNG states. Returns the files written, relative to ``directory``.
+        renames once every rank is done). The writer rank writes the model (``save_pretrained``), the optimizer
+        and the learning-rate schedule; every rank writes its RNG states. Returns the files written, relative to
+        ``directory``.
 
         With 'fsdp2' every rank takes part in gathering the full model and the full optimizer state
         (``get_optimizer_state_dict(full_state_dict=True, cpu_offload=True)``, which only rank 0 receives, so
@@ -594,7 +761,7 @@ class TrainEngine:
         rank = self.accelerator.process_index
         written = [f"rng_rank{rank}.pt"]
         torch.save(rng_state(), out / written[0])
-        state: dict[str, Any] = {"version": self.version}
+        state: dict[str, Any] = {"version": self.version, "lr_schedule": self.schedule.state_dict()}
         model_state: dict[str, torch.Tensor] | None = None
         if self.fsdp2:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
@@ -608,11 +775,18 @@ class TrainEngine:
         elif is_writer:
             state["optimizer"] = self.optimizer.state_dict()
             state["optimizer_format"] = "ddp"
-        if is_writer:
+        if is_writer and self.lora:
+            from rlsdk.engine.lora import write_adapter
+
+            # The adapter only; the base is model.path's, recorded by checksum.
+            state["checksum"] = state_dict_checksum(write_adapter(self.unwrapped, out / "model"))
+            state["base_checksum"] = self.base_checksum
+        elif is_writer:
             state["checksum"] = state_dict_checksum(
                 model_state if model_state is not None else self.unwrapped.state_dict()
             )
             self.unwrapped.save_pretrained(out / "model", state_dict=model_state, safe_serialization=True)
+        if is_writer:
             torch.save(state, out / "trainer_state.pt")
             written += [str(p.relative_to(out)) for p in (out / "model").rglob("*") if p.is_file()]
             written.append("trainer_state.pt")
@@ -634,6 +808,12 @@ class TrainEngine:
         if not rng_path.is_file():
             raise ValueError(f"checkpoint {root} has no {rng_path.name}: it was written by fewer ranks")
         state = torch.load(root / "trainer_state.pt", map_location="cpu", weights_only=True)
+        if self.lora and state.get("base_checksum") != self.base_checksum:
+            raise ValueError(
+                f"checkpoint {root} holds a LoRA adapter trained on base weights with checksum "
+                f"{str(state.get('base_checksum'))[:12]}, but model.path {self.config.model.path} has "
+                f"{str(self.base_checksum)[:12]}: resume with the base model the adapter was trained on"
+            )
         # Checkpoints written before optimizer_format was recorded for 'ddp' have none.
         found = state.get("optimizer_format", "ddp")
         wanted = "fsdp2_full" if self.fsdp2 else "ddp"
@@ -654,6 +834,16 @@ class TrainEngine:
             )
         else:
             self.optimizer.load_state_dict(state["optimizer"])
+        schedule = state.get("lr_schedule")
+        if schedule is not None:
+            self.schedule.load_state_dict(schedule)
+        elif self.config.train.lr_scheduler != "constant" or self.config.train.warmup_steps > 0:
+            # Checkpoints written before the schedule was saved ran a constant learning rate.
+            raise ValueError(
+                f"checkpoint {root} has no learning-rate schedule state (written with a constant lr): resume it with "
+                f"train.lr_scheduler='constant' and train.warmup_steps=0, got {self.config.train.lr_scheduler!r} and "
+                f"{self.config.train.warmup_steps}"
+            )
         self.version = int(state["version"])
         self.resumed_checksum = state.get("checksum")
         set_log_context(version=self.version)

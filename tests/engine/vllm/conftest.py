@@ -105,3 +105,22 @@ def vllm_session(vllm_config: SessionConfig) -> Iterator[LoopSession]:
         yield handle
     finally:
         handle.close()
+
+
+@pytest.fixture(scope="module")
+def vllm_lora_session(vllm_config: SessionConfig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopSession]:
+    """A LoRA run's Session (``train.lora_rank=8``): its server is started with ``--enable-lora``, so it is not
+    the suite's shared one; module-scoped, so its ~3 GB are held only while the module that uses it runs."""
+    import dataclasses
+
+    config = dataclasses.replace(
+        vllm_config,
+        # a large learning rate: a few updates move the adapter's policy well away from the base's
+        train=dataclasses.replace(vllm_config.train, lora_rank=8, lora_alpha=32.0, lr=2e-2),
+        observe=dataclasses.replace(vllm_config.observe, output_dir=str(tmp_path_factory.mktemp("lora") / "out")),
+    )
+    handle = LoopSession(config)
+    try:
+        yield handle
+    finally:
+        handle.close()
