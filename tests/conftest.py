@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,16 @@ from rlsdk.config import (
 
 # A user's project with its own conftest and pytest settings; tests/testing/test_example_project.py runs it.
 collect_ignore = ["example_project"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The suite signs and verifies checkpoints with a key of its own (``$XDG_CACHE_HOME/rlsdk/checkpoint.key``),
+    never the key of the user running it; the ranks and servers the tests start inherit it."""
+    cache = tmp_path_factory.mktemp("xdg-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(cache))
+        yield cache
 
 
 @pytest.fixture(scope="session")

@@ -100,11 +100,13 @@ def test_session_resuming_a_lora_checkpoint_without_lora_raises_config_error_bef
 ) -> None:
     import yaml
 
-    checkpoint = tmp_path / "out" / "checkpoints" / "step_1"
-    checkpoint.mkdir(parents=True)
+    from rlsdk.engine.train.checkpoint import finalize_checkpoint
+
+    root = tmp_path / "out" / "checkpoints"
     saved = {"launch": {"num_ranks": 2}, "train": {"parallelism": "ddp", "lora_rank": 4}}
-    (checkpoint / "config.yaml").write_text(yaml.safe_dump(saved))
-    (checkpoint / "manifest.json").write_text('{"files": {}}')
+    extra = {"config.yaml": yaml.safe_dump(saved), "ledger.json": "{}", "data_state.json": "{}"}
+    (root / "step_1.tmp-test").mkdir(parents=True)
+    checkpoint = finalize_checkpoint(root / "step_1.tmp-test", root / "step_1", extra)  # signed with the user's key
     config = dataclasses.replace(
         small_config,
         train=dataclasses.replace(small_config.train, resume_from=str(checkpoint)),
