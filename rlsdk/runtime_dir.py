@@ -65,6 +65,24 @@ def private_dir(path: str | os.PathLike[str], *, mode: int = 0o700) -> Path:
     return directory
 
 
+def socket_path(directory: str, name: str) -> str:
+    """The path of a Unix socket named ``name`` in ``directory``.
+
+    Raises:
+        ValueError: ``name`` is not a plain file name, or the path is too long for a Unix socket (set ``TMPDIR``
+            or ``XDG_RUNTIME_DIR`` to a shorter directory).
+    """
+    if not name or "/" in name or name in {".", ".."}:
+        raise ValueError(f"socket name {name!r} must be a plain file name")
+    path = os.path.join(directory, name)
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise ValueError(
+            f"Unix socket path {path!r} is {len(os.fsencode(path))} bytes, more than the {MAX_SOCKET_PATH} a "
+            "socket address holds: set TMPDIR (or XDG_RUNTIME_DIR) to a shorter directory"
+        )
+    return path
+
+
 def _runtime_root() -> str:
     """``$XDG_RUNTIME_DIR`` when it is a 0700 directory of this user (systemd's /run/user/UID), else the temp dir."""
     xdg = os.environ.get("XDG_RUNTIME_DIR")
@@ -103,15 +121,7 @@ class SessionRuntimeDir:
             ValueError: ``name`` is not a plain file name, or the path is too long for a Unix socket (set
                 ``TMPDIR`` or ``XDG_RUNTIME_DIR`` to a shorter directory).
         """
-        if not name or "/" in name or name in {".", ".."}:
-            raise ValueError(f"socket name {name!r} must be a plain file name")
-        path = os.path.join(self.path, name)
-        if len(os.fsencode(path)) > MAX_SOCKET_PATH:
-            raise ValueError(
-                f"Unix socket path {path!r} is {len(os.fsencode(path))} bytes, more than the {MAX_SOCKET_PATH} a "
-                "socket address holds: set TMPDIR (or XDG_RUNTIME_DIR) to a shorter directory"
-            )
-        return path
+        return socket_path(self.path, name)
 
     def remove(self) -> None:
         """Delete the directory and everything in it; idempotent."""
