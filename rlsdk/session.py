@@ -186,6 +186,7 @@ class Session:
         self._lookahead: tuple[list[dict[str, Any]], dict[str, Any]] | None = None
         self._publish: PublishDir | None = None
         self._publish_dir: str | None = None
+        self._runtime_dir: Any = None  # SessionRuntimeDir: private sockets and rendezvous files of one start
         self._engine_watch: asyncio.Task[None] | None = None
         # Restores the event-loop thread's torch intra-op thread count (lowered to 1 while the Session runs).
         self._restore_threads: Callable[[], None] | None = None
@@ -276,7 +277,9 @@ class Session:
         from rlsdk.control.controller import ControllerChannel
         from rlsdk.control.protocol import new_session_secret
         from rlsdk.launch.local import rank_environment
+        from rlsdk.launch.rendezvous import control_host, one_machine_environment
         from rlsdk.launch.select import start_launcher
+        from rlsdk.runtime_dir import SessionRuntimeDir
 
         cfg = self.config
         t0 = time.perf_counter()
@@ -291,6 +294,8 @@ class Session:
 
         secret = new_session_secret()
         session_id = uuid.uuid4().hex[:12]
+        self._runtime_dir = SessionRuntimeDir()
+        host = control_host(cfg.launch)  # None: a Unix socket in the runtime directory, no TCP port
         channel_cls: type[ControllerChannel] = ControllerChannel
         channel_kwargs: dict[str, Any] = {}
         if cfg.launch.tracer:  # the hang watchdog: see rlsdk/debug/watchdog.py
@@ -307,7 +312,8 @@ class Session:
         self._channel = channel_cls(
             secret,
             session_id,
-            host=cfg.launch.host,
+            host=host,
+            socket_dir=None if host is not None else self._runtime_dir.path,
             heartbeat_interval_s=cfg.launch.heartbeat_interval_s,
             on_log=self._router.handle,
             **channel_kwargs,
@@ -328,6 +334,7 @@ class Session:
                 "RLSDK_SHM_ALLREDUCE": int(cfg.launch.shm_allreduce),
                 "RLSDK_PG_TIMEOUT_S": "" if cfg.launch.pg_timeout_s is None else cfg.launch.pg_timeout_s,
                 "RLSDK_TRACE_DIR": self.output_dir / "traces" / "live",
+                **(one_machine_environment(self._runtime_dir.path) if cfg.launch.scheduler == "local" else {}),
             },
         )
         self._phase("launching ranks")
@@ -742,6 +749,8 @@ class Session:
             self.metrics.close()
         if self._publish is not None:
             self._publish.remove()
+        if self._runtime_dir is not None:
+            self._runtime_dir.remove()
         logger.info("session closed")
         if self._log_handler is not None:
             logging.getLogger(ROOT_LOGGER).removeHandler(self._log_handler)

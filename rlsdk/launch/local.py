@@ -71,14 +71,19 @@ def root_cause(lines: Sequence[str]) -> tuple[int | None, int | None, int | None
     return int(match["rank"]), int(match["code"]), int(match["pid"])
 
 
-def accelerate_command(num_ranks: int, module: str = "rlsdk.worker") -> list[str]:
+def accelerate_command(num_ranks: int, module: str = "rlsdk.worker", *, file_rendezvous: bool = False) -> list[str]:
     """The ``accelerate launch`` command line for ``num_ranks`` CPU ranks on this machine.
 
     ``--cpu`` would start one process (multi-process CPU needs MPI there); ``--multi_gpu`` with
-    ``Accelerator(cpu=True)`` in the rank gives N gloo ranks. Port 0 lets the store pick a free port.
-    accelerate refuses ``--multi_gpu`` with one process: one rank runs with ``--cpu`` (its plain launcher sets no
-    torchrun variables; :func:`single_rank_environment` gives them).
+    ``Accelerator(cpu=True)`` in the rank gives N gloo ranks. Port 0 lets accelerate pick a free port (a busy
+    default port would switch it to a "standalone" TCP rendezvous). accelerate refuses ``--multi_gpu`` with one
+    process: one rank runs with ``--cpu`` (its plain launcher sets no torchrun variables;
+    :func:`single_rank_environment` gives them). ``file_rendezvous``: accelerate runs through
+    ``python -m rlsdk.launch.rendezvous`` with torchrun's rendezvous in files of ``$RLSDK_RENDEZVOUS_DIR``
+    (no TCP store; :mod:`rlsdk.launch.rendezvous`).
     """
+    launch = ["rlsdk.launch.rendezvous"] if file_rendezvous else ["accelerate.commands.launch"]
+    rendezvous = ["--rdzv_backend", "rlsdk-file"] if file_rendezvous else []
     if num_ranks == 1:
         return [
             sys.executable, "-m", "rlsdk.launch.pdeathsig",
@@ -92,13 +97,14 @@ def accelerate_command(num_ranks: int, module: str = "rlsdk.worker") -> list[str
         ]  # fmt: skip
     return [
         sys.executable, "-m", "rlsdk.launch.pdeathsig",
-        sys.executable, "-m", "accelerate.commands.launch",
+        sys.executable, "-m", *launch,
         "--multi_gpu",
         "--num_processes", str(num_ranks),
         "--num_machines", "1",
         "--mixed_precision", "no",
         "--dynamo_backend", "no",
         "--main_process_port", "0",
+        *rendezvous,
         "-m", module,
     ]  # fmt: skip
 
@@ -122,8 +128,13 @@ class LocalLauncher:
         on_line: Callable[[str], None] | None = None,
         module: str = "rlsdk.worker",
     ) -> LocalLauncher:
-        """Start the ranks in the background; returns at once (ranks then connect to the control channel)."""
-        cmd = accelerate_command(num_ranks, module)
+        """Start the ranks in the background; returns at once (ranks then connect to the control channel).
+
+        With ``RLSDK_RENDEZVOUS_DIR`` in ``env`` the ranks meet through files there, not a TCP store
+        (:mod:`rlsdk.launch.rendezvous`)."""
+        from rlsdk.launch.rendezvous import RLSDK_RENDEZVOUS_DIR
+
+        cmd = accelerate_command(num_ranks, module, file_rendezvous=bool(env.get(RLSDK_RENDEZVOUS_DIR)))
         logger.debug("launching: %s", " ".join(cmd))
         env = {**env, **single_rank_environment()} if num_ranks == 1 else dict(env)
         proc = await asyncio.create_subprocess_exec(
