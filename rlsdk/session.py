@@ -32,6 +32,7 @@ from rlsdk.observe.logging import ROOT_LOGGER, RankLogRouter, get_logger, set_lo
 from rlsdk.observe.metrics import MetricsWriter
 from rlsdk.observe.status import last_batch_staleness, rank_alive
 from rlsdk.rewards.apply import RewardFn, compute_reward_breakdown
+from rlsdk.runtime_dir import output_modes, private_dir, restrict_tree
 from rlsdk.versioning import VersionError, VersionLedger, WeightMismatchError, staleness_mask
 from rlsdk.workflow.rollout import Rollout, normalize_rows
 from rlsdk.workflow.single_turn import RolloutWorkflow, SingleTurnWorkflow
@@ -283,9 +284,14 @@ class Session:
 
         cfg = self.config
         t0 = time.perf_counter()
-        self.output_dir.mkdir(parents=True, exist_ok=True)
+        dir_mode, file_mode = output_modes(cfg.observe.output_mode)
+        private_dir(self.output_dir, mode=dir_mode)  # 0700 by default: no other user reads logs or checkpoints
+        for sub in ("traces", "checkpoints"):
+            private_dir(self.output_dir / sub, mode=dir_mode)
         level = logging.getLevelName(cfg.observe.log_level)
-        self._router = RankLogRouter(self.output_dir / "logs", console=cfg.observe.console, level=level)
+        self._router = RankLogRouter(
+            self.output_dir / "logs", console=cfg.observe.console, level=level, dir_mode=dir_mode, file_mode=file_mode
+        )
         self._log_handler = self._router.controller_handler()
         root = logging.getLogger(ROOT_LOGGER)
         root.addHandler(self._log_handler)
@@ -334,6 +340,7 @@ class Session:
                 "RLSDK_SHM_ALLREDUCE": int(cfg.launch.shm_allreduce),
                 "RLSDK_PG_TIMEOUT_S": "" if cfg.launch.pg_timeout_s is None else cfg.launch.pg_timeout_s,
                 "RLSDK_TRACE_DIR": self.output_dir / "traces" / "live",
+                "RLSDK_UMASK": oct(0o777 & ~dir_mode),  # what the ranks write gets observe.output_mode
                 **(one_machine_environment(self._runtime_dir.path) if cfg.launch.scheduler == "local" else {}),
             },
         )
@@ -451,7 +458,10 @@ class Session:
         if dataset is None:
             dataset = await asyncio.to_thread(build_prompt_dataset, cfg.data, seed=cfg.seed, tokenizer=self.tokenizer)
         self.prompt_sampler = PromptSampler(dataset, cfg.data.prompts_per_step, seed=cfg.seed)
-        self.metrics = MetricsWriter(self.output_dir / "tensorboard", tensorboard=cfg.observe.tensorboard)
+        dir_mode, file_mode = output_modes(cfg.observe.output_mode)
+        self.metrics = MetricsWriter(
+            self.output_dir / "tensorboard", tensorboard=cfg.observe.tensorboard, dir_mode=dir_mode, file_mode=file_mode
+        )
         # Swept by the next Session if this process is killed before close() removes it (see publish_dir).
         self._publish = PublishDir()
         self._publish_dir = self._publish.path
@@ -1165,8 +1175,8 @@ class Session:
         from rlsdk.engine.train.checkpoint import finalize_checkpoint, prune_checkpoints
 
         self._engine()
-        root = self.output_dir / "checkpoints"
-        root.mkdir(parents=True, exist_ok=True)
+        dir_mode, file_mode = output_modes(self.config.observe.output_mode)
+        root = private_dir(self.output_dir / "checkpoints", mode=dir_mode)
         version = self.versions.trainer_version
         # A batch generating in the background (async mode) is not part of the run yet: record the data position
         # and rollout count from before it, so a resume generates it again (from the checkpoint's weights).
@@ -1188,6 +1198,7 @@ class Session:
             "session.json": json.dumps({"step": self.step, "rollouts": rollouts}),
         }
         final = await asyncio.to_thread(finalize_checkpoint, tmp, root / f"step_{version}", extra)
+        await asyncio.to_thread(restrict_tree, final, dir_mode, file_mode)  # e.g. the tokenizer's files
         await asyncio.to_thread(prune_checkpoints, root, self.config.train.keep_checkpoints)
         logger.info("checkpoint written: %s", final)
         return final

@@ -169,6 +169,8 @@ class Worker:
 
 def main() -> None:
     set_parent_death_signal(signal.SIGTERM)
+    # Checkpoints, published weights and traces this rank writes get observe.output_mode (0700/0600 by default).
+    os.umask(int(os.environ.get("RLSDK_UMASK", "0o077"), 8))
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(int(os.environ.get("RLSDK_THREADS_PER_RANK", "1")))

@@ -272,3 +272,31 @@ def test_rank_event_thread_survives_log_records_that_cannot_be_sent_whole() -> N
     assert sum(1 for m in messages if m.split(":", 1)[0].isdigit()) == 300
     assert any(m.startswith("huge int") for m in messages)
     assert any(m.startswith("xxxx") and "cut to fit the channel" in m for m in messages)
+
+
+def test_log_record_cannot_choose_its_file_outside_logs(tmp_path: Any) -> None:
+    """The log file a rank's record lands in comes from the authenticated sender, not from the record."""
+    from rlsdk.observe.logging import RankLogRouter
+
+    router = RankLogRouter(tmp_path / "out" / "logs", console=False, level=0)
+
+    async def body() -> None:
+        channel, secret, session_id = new_controller(on_log=router.handle)
+        async with channel:
+            with rank_threads(channel, 1, secret, session_id) as ranks:
+                await channel.wait_for_ranks(1, timeout_s=5.0)
+                record = {"name": "t", "levelno": 30, "level": "WARNING", "time": time.time(), "component": "t"}
+                ranks[0].send_log({**record, "message": "via role", "rank": None, "role": "../escape"})
+                ranks[0].send_log({**record, "message": "via rank", "rank": "../../escape"})
+                await asyncio.sleep(1.0)
+                await channel.shutdown_ranks()
+
+    try:
+        run(body)
+    finally:
+        router.close()
+
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert written == ["out/logs/rank_0.log"]
+    text = (tmp_path / "out" / "logs" / "rank_0.log").read_text()
+    assert "via role" in text and "via rank" in text
