@@ -660,11 +660,19 @@ class Session:
         self, command: str, body: dict[str, Any] | list[dict[str, Any]] | None = None, *, timeout_s: float | None
     ) -> list[Any]:
         """``channel.broadcast``, failing the run when a rank raised while another is still inside the command."""
-        from rlsdk.control.errors import RankError
+        from rlsdk.control.errors import RankDisconnectedError, RankError
 
         self._broadcasts += 1
         try:
             return await self._channel.broadcast(command, body, timeout_s=timeout_s)
+        except RankDisconnectedError as exc:
+            # A rank process is gone before its launcher exited: let the supervisor name the rank and its signal.
+            if self._supervisor is not None and self._failure is None:
+                with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
+                    await asyncio.wait_for(asyncio.shield(self._supervisor), timeout=10.0)
+            if self._failure is not None:
+                raise self._failure from exc
+            raise
         except RankError as exc:
             await self._after_rank_error(exc)
             if self._failure is not None and self._failure is not exc:
@@ -690,7 +698,14 @@ class Session:
                 rank
                 for rank in range(self.config.launch.num_ranks)
                 if rank != exc.rank
-                and (rank not in answers or (isinstance(answers[rank], dict) and answers[rank].get("seq") == exc.seq))
+                and (
+                    rank not in answers
+                    or (
+                        isinstance(answers[rank], dict)
+                        # inside the command, or not reached by it yet (it will enter, and wait)
+                        and (answers[rank].get("seq") == exc.seq or answers[rank].get("received", exc.seq) < exc.seq)
+                    )
+                )
             ]
             if not inside:
                 return

@@ -41,7 +41,13 @@ from typing import Any
 import zmq
 
 from rlsdk.control import protocol
-from rlsdk.control.errors import CommandTimeoutError, ControlError, ProtocolError, RankError
+from rlsdk.control.errors import (
+    CommandTimeoutError,
+    ControlError,
+    ProtocolError,
+    RankDisconnectedError,
+    RankError,
+)
 
 __all__ = ["CommandTimeoutError", "ControllerChannel", "RankError"]
 
@@ -531,7 +537,7 @@ class ControllerChannel:
             except zmq.ZMQError as exc:
                 if exc.errno != zmq.EHOSTUNREACH:
                     raise
-                raise ControlError(
+                raise RankDisconnectedError(
                     f"cannot send {pending.command!r} (seq {pending.seq}) to rank {rank}: its command socket "
                     "is not connected (the rank process may have died)"
                 ) from exc

@@ -518,7 +518,9 @@ class RankChannel:
 
     def _current_command(self, _body: Any) -> dict[str, Any]:
         command, seq = self._current
-        return {"command": command, "seq": seq}
+        # "received": the last command this rank accepted, so an idle answer from a rank the newest command has
+        # not reached yet is not mistaken for one that has left it.
+        return {"command": command, "seq": seq, "received": self._last_command_seq}
 
     def set_query_handler(self, name: str, handler: Callable[[Any], Any]) -> None:
         """Answer the controller's ``query`` messages named ``name`` with ``handler(body)`` (encodable by
