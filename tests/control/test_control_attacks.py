@@ -300,3 +300,43 @@ def test_log_record_cannot_choose_its_file_outside_logs(tmp_path: Any) -> None:
     assert written == ["out/logs/rank_0.log"]
     text = (tmp_path / "out" / "logs" / "rank_0.log").read_text()
     assert "via role" in text and "via rank" in text
+
+
+@pytest.mark.skipif(not zmq.has("curve"), reason="this libzmq has no CURVE; the TCP channel refuses to start")
+def test_tcp_peer_without_the_session_key_gets_no_message_to_the_controller() -> None:
+    """On TCP, a peer that lacks the ranks' CURVE key (plain, or with a key pair of its own even knowing the
+    server's public key) never completes the handshake: not one of its frames reaches the controller."""
+
+    async def body() -> tuple[int, dict[int, dict[str, Any]]]:
+        channel, secret, session_id = new_controller(host="127.0.0.1")
+        async with channel:
+            context = zmq.Context()
+            plain, curved = context.socket(zmq.DEALER), context.socket(zmq.DEALER)
+            socks = [plain, curved]
+            try:
+                public, own_secret = zmq.curve_keypair()
+                server_public = protocol.curve_keys(secret).server_public if hasattr(protocol, "curve_keys") else None
+                if server_public is not None:  # as if the server's public key had leaked
+                    curved.setsockopt(zmq.CURVE_SERVERKEY, server_public)
+                    curved.setsockopt(zmq.CURVE_PUBLICKEY, public)
+                    curved.setsockopt(zmq.CURVE_SECRETKEY, own_secret)
+                for sock in socks:
+                    sock.setsockopt(zmq.LINGER, 0)
+                    sock.setsockopt(zmq.IDENTITY, b"cmd-0")
+                    sock.connect(channel.address)
+                    sock.send_multipart([b"{}", b"", b"\0" * 32])
+                await asyncio.sleep(1.0)
+            finally:
+                for sock in socks:
+                    sock.close()
+                context.term()
+            with rank_threads(channel, 1, secret, session_id):  # the ranks, with the key, still get in
+                await channel.wait_for_ranks(1, timeout_s=10.0)
+                assert await channel.broadcast("add", {"x": 2}, timeout_s=5.0) == [2]
+                await channel.shutdown_ranks()
+            return channel.dropped_messages, channel.ranks
+
+    dropped, ranks = run(body, timeout_s=30.0)
+
+    assert dropped == 0
+    assert list(ranks) == [0]

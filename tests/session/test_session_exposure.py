@@ -11,22 +11,14 @@ import asyncio
 import dataclasses
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rlsdk import Session
-from rlsdk.config import (
-    DataConfig,
-    LaunchConfig,
-    ModelConfig,
-    ObserveConfig,
-    RolloutConfig,
-    SessionConfig,
-    TrainConfig,
-)
+from rlsdk.config import SessionConfig
 from rlsdk.rewards import reverse_reward
 from rlsdk.testing.net import Listener, not_loopback, tree_listeners
 
@@ -41,18 +33,6 @@ def _modes(root: Path) -> dict[Path, tuple[int, str]]:
         kind = "link" if stat.S_ISLNK(info.st_mode) else "dir" if stat.S_ISDIR(info.st_mode) else "file"
         out[path] = (stat.S_IMODE(info.st_mode), kind)
     return out
-
-
-def _config(model_dir: Path, output: Path) -> SessionConfig:
-    """The default recipe's components at a small shape (as tests/conftest.py's ``small_config``)."""
-    return SessionConfig(
-        model=ModelConfig(path=str(model_dir)),
-        launch=LaunchConfig(num_ranks=2, start_timeout_s=120.0, heartbeat_interval_s=0.5, heartbeat_timeout_s=20.0),
-        train=TrainConfig(lr=1e-3, micro_batch_size=4),
-        rollout=RolloutConfig(group_size=4, max_new_tokens=5),
-        data=DataConfig(prompts_per_step=4, num_examples=64),
-        observe=ObserveConfig(output_dir=str(output), console=False),
-    )
 
 
 async def _observe(config: SessionConfig) -> dict[str, Any]:
@@ -79,9 +59,11 @@ async def _observe(config: SessionConfig) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def observed(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def observed(
+    make_small_config: Callable[[Path], SessionConfig], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
     output = tmp_path_factory.mktemp("exposure") / "out"
-    config = _config(tiny_model_dir, output)
+    config = make_small_config(output)
     previous = os.umask(0o022)  # the usual umask: what is private must be made so, not inherited
     try:
         seen = asyncio.run(_observe(config))
@@ -132,9 +114,8 @@ def test_default_session_output_and_published_weights_are_private(observed: dict
     assert {"logs", "tensorboard", "checkpoints", "traces", "rank_0.log", "manifest.json"} <= names
 
 
-def test_output_mode_lets_the_group_read_when_the_user_asks(tiny_model_dir: Path, tmp_path: Path) -> None:
-    config = _config(tiny_model_dir, tmp_path / "out")
-    config = dataclasses.replace(config, observe=dataclasses.replace(config.observe, output_mode="0750"))
+def test_output_mode_lets_the_group_read_when_the_user_asks(small_config: SessionConfig, tmp_path: Path) -> None:
+    config = dataclasses.replace(small_config, observe=dataclasses.replace(small_config.observe, output_mode="0750"))
 
     async def run() -> None:
         session = await Session.start(config)
