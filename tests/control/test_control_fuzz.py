@@ -239,6 +239,7 @@ def test_frame_parser_on_any_frames_returns_a_message_or_raises_protocol_error(f
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # 20,000 cases: minutes on a shared 2-core machine
 @_fuzz_settings(SLOW_CASES)
 @given(payloads)
 def test_codec_decode_of_any_bytes_holds_its_contract_over_many_cases(payload: bytes) -> None:
@@ -246,6 +247,7 @@ def test_codec_decode_of_any_bytes_holds_its_contract_over_many_cases(payload: b
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # 20,000 cases: minutes on a shared 2-core machine
 @_fuzz_settings(SLOW_CASES)
 @given(frame_lists())
 def test_frame_parser_on_any_frames_holds_its_contract_over_many_cases(frames: list[bytes]) -> None:
