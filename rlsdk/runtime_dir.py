@@ -65,6 +65,62 @@ def private_dir(path: str | os.PathLike[str], *, mode: int = 0o700) -> Path:
     return directory
 
 
+def output_modes(output_mode: str) -> tuple[int, int]:
+    """``(directory mode, file mode)`` of ``observe.output_mode`` (an octal string such as ``"0700"``): files get
+    the directory bits without execute (``0700`` -> ``0600``)."""
+    mode = int(output_mode, 8)
+    return mode, mode & 0o666
+
+
+def private_file(path: str | os.PathLike[str], mode: int = 0o600, *, append: bool = False) -> int:
+    """Open ``path`` for writing (created with ``mode`` whatever the umask; truncated unless ``append``), never
+    through a symbolic link; returns the descriptor (wrap it with :func:`os.fdopen`).
+
+    Raises:
+        OSError: as :func:`os.open` (``ELOOP`` for a link).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if append else os.O_TRUNC)
+    fd = os.open(path, flags, mode)
+    try:
+        if os.fstat(fd).st_uid == os.getuid():
+            os.fchmod(fd, mode)  # os.open's mode is masked by the umask, and ignored for an existing file
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def restrict_tree(root: str | os.PathLike[str], dir_mode: int = 0o700, file_mode: int = 0o600) -> None:
+    """Set ``dir_mode`` on ``root`` and every directory under it and ``file_mode`` on every regular file (files a
+    library wrote under the process umask, e.g. a tokenizer's ``save_pretrained``). Links are not followed."""
+    if os.path.islink(root):
+        raise InsecureDirectoryError(f"{root} is a symbolic link")
+    for current, _dirs, files in os.walk(root):  # os.walk never descends into linked directories
+        os.chmod(current, dir_mode)
+        for name in files:
+            path = os.path.join(current, name)
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                os.chmod(path, file_mode)
+
+
+def socket_path(directory: str, name: str) -> str:
+    """The path of a Unix socket named ``name`` in ``directory``.
+
+    Raises:
+        ValueError: ``name`` is not a plain file name, or the path is too long for a Unix socket (set ``TMPDIR``
+            or ``XDG_RUNTIME_DIR`` to a shorter directory).
+    """
+    if not name or "/" in name or name in {".", ".."}:
+        raise ValueError(f"socket name {name!r} must be a plain file name")
+    path = os.path.join(directory, name)
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise ValueError(
+            f"Unix socket path {path!r} is {len(os.fsencode(path))} bytes, more than the {MAX_SOCKET_PATH} a "
+            "socket address holds: set TMPDIR (or XDG_RUNTIME_DIR) to a shorter directory"
+        )
+    return path
+
+
 def _runtime_root() -> str:
     """``$XDG_RUNTIME_DIR`` when it is a 0700 directory of this user (systemd's /run/user/UID), else the temp dir."""
     xdg = os.environ.get("XDG_RUNTIME_DIR")
@@ -103,15 +159,7 @@ class SessionRuntimeDir:
             ValueError: ``name`` is not a plain file name, or the path is too long for a Unix socket (set
                 ``TMPDIR`` or ``XDG_RUNTIME_DIR`` to a shorter directory).
         """
-        if not name or "/" in name or name in {".", ".."}:
-            raise ValueError(f"socket name {name!r} must be a plain file name")
-        path = os.path.join(self.path, name)
-        if len(os.fsencode(path)) > MAX_SOCKET_PATH:
-            raise ValueError(
-                f"Unix socket path {path!r} is {len(os.fsencode(path))} bytes, more than the {MAX_SOCKET_PATH} a "
-                "socket address holds: set TMPDIR (or XDG_RUNTIME_DIR) to a shorter directory"
-            )
-        return path
+        return socket_path(self.path, name)
 
     def remove(self) -> None:
         """Delete the directory and everything in it; idempotent."""

@@ -34,6 +34,7 @@ from rlsdk.observe.metrics import MetricsWriter
 from rlsdk.observe.rollout_metrics import completion_metrics, reward_metrics, samples_markdown, throughput_metrics
 from rlsdk.observe.status import last_batch_staleness, rank_alive
 from rlsdk.rewards.apply import RewardFn, compute_reward_breakdown
+from rlsdk.runtime_dir import output_modes, private_dir, restrict_tree
 from rlsdk.versioning import VersionError, VersionLedger, WeightMismatchError, staleness_mask
 from rlsdk.workflow.rollout import Rollout, normalize_rows
 from rlsdk.workflow.single_turn import RolloutWorkflow, SingleTurnWorkflow
@@ -260,6 +261,7 @@ class Session:
         self._lookahead: tuple[list[dict[str, Any]], dict[str, Any]] | None = None
         self._publish: PublishDir | None = None
         self._publish_dir: str | None = None
+        self._runtime_dir: Any = None  # SessionRuntimeDir: private sockets and rendezvous files of one start
         self._engine_watch: asyncio.Task[None] | None = None
         # Restores the event-loop thread's torch intra-op thread count (lowered to 1 while the Session runs).
         self._restore_threads: Callable[[], None] | None = None
@@ -365,13 +367,20 @@ class Session:
         from rlsdk.control.controller import ControllerChannel
         from rlsdk.control.protocol import new_session_secret
         from rlsdk.launch.local import rank_environment
+        from rlsdk.launch.rendezvous import control_host, one_machine_environment
         from rlsdk.launch.select import start_launcher
+        from rlsdk.runtime_dir import SessionRuntimeDir
 
         cfg = self.config
         t0 = time.perf_counter()
-        self.output_dir.mkdir(parents=True, exist_ok=True)
+        dir_mode, file_mode = output_modes(cfg.observe.output_mode)
+        private_dir(self.output_dir, mode=dir_mode)  # 0700 by default: no other user reads logs or checkpoints
+        for sub in ("traces", "checkpoints"):
+            private_dir(self.output_dir / sub, mode=dir_mode)
         level = logging.getLevelName(cfg.observe.log_level)
-        self._router = RankLogRouter(self.output_dir / "logs", console=cfg.observe.console, level=level)
+        self._router = RankLogRouter(
+            self.output_dir / "logs", console=cfg.observe.console, level=level, dir_mode=dir_mode, file_mode=file_mode
+        )
         self._log_handler = self._router.controller_handler()
         root = logging.getLogger(ROOT_LOGGER)
         root.addHandler(self._log_handler)
@@ -381,17 +390,16 @@ class Session:
             self._log_handler.handle(record)
         self._early_records = []
 
-        if getattr(self, "_runtime_dir", None) is None:
-            from rlsdk.runtime_dir import SessionRuntimeDir
-
-            # Private (0700) home of the session's Unix sockets (the vLLM server's); removed by close().
-            self._runtime_dir = SessionRuntimeDir()
+        # Private (0700) home of the session's Unix sockets (control channel, a started vLLM server) and the ranks'
+        # rendezvous files; removed by close().
+        self._runtime_dir = SessionRuntimeDir()
         # Before the launcher: a vLLM replica the job starts loads weights only from here. Swept by the next
         # Session if this process is killed before close() removes it (see publish_dir).
         self._publish = PublishDir()
         self._publish_dir = self._publish.path
         secret = new_session_secret()
         session_id = uuid.uuid4().hex[:12]
+        host = control_host(cfg.launch)  # None: a Unix socket in the runtime directory, no TCP port
         channel_cls: type[ControllerChannel] = ControllerChannel
         channel_kwargs: dict[str, Any] = {}
         if cfg.launch.tracer:  # the hang watchdog: see rlsdk/debug/watchdog.py
@@ -408,7 +416,8 @@ class Session:
         self._channel = channel_cls(
             secret,
             session_id,
-            host=cfg.launch.host,
+            host=host,
+            socket_dir=None if host is not None else self._runtime_dir.path,
             heartbeat_interval_s=cfg.launch.heartbeat_interval_s,
             on_log=self._router.handle,
             **channel_kwargs,
@@ -430,6 +439,8 @@ class Session:
                 "RLSDK_PG_TIMEOUT_S": "" if cfg.launch.pg_timeout_s is None else cfg.launch.pg_timeout_s,
                 "RLSDK_TRACE_DIR": self.output_dir / "traces" / "live",
                 WEIGHTS_DIR_ENV: self._publish_dir,  # for vLLM replicas a cluster job starts
+                "RLSDK_UMASK": oct(0o777 & ~dir_mode),  # what the ranks write gets observe.output_mode
+                **(one_machine_environment(self._runtime_dir.path) if cfg.launch.scheduler == "local" else {}),
             },
         )
         self._phase("launching ranks")
@@ -573,7 +584,10 @@ class Session:
         if dataset is None:
             dataset = await asyncio.to_thread(build_prompt_dataset, cfg.data, seed=cfg.seed, tokenizer=self.tokenizer)
         self.prompt_sampler = PromptSampler(dataset, cfg.data.prompts_per_step, seed=cfg.seed)
-        self.metrics = MetricsWriter(self.output_dir / "tensorboard", tensorboard=cfg.observe.tensorboard)
+        dir_mode, file_mode = output_modes(cfg.observe.output_mode)
+        self.metrics = MetricsWriter(
+            self.output_dir / "tensorboard", tensorboard=cfg.observe.tensorboard, dir_mode=dir_mode, file_mode=file_mode
+        )
 
     async def _build_engine(self) -> InferenceEngine:
         """The configured engine: embedded (in this process) or vLLM (a supervised server, or attached by URL)."""
@@ -777,11 +791,19 @@ class Session:
         self, command: str, body: dict[str, Any] | list[dict[str, Any]] | None = None, *, timeout_s: float | None
     ) -> list[Any]:
         """``channel.broadcast``, failing the run when a rank raised while another is still inside the command."""
-        from rlsdk.control.errors import RankError
+        from rlsdk.control.errors import RankDisconnectedError, RankError
 
         self._broadcasts += 1
         try:
             return await self._channel.broadcast(command, body, timeout_s=timeout_s)
+        except RankDisconnectedError as exc:
+            # A rank process is gone before its launcher exited: let the supervisor name the rank and its signal.
+            if self._supervisor is not None and self._failure is None:
+                with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
+                    await asyncio.wait_for(asyncio.shield(self._supervisor), timeout=10.0)
+            if self._failure is not None:
+                raise self._failure from exc
+            raise
         except RankError as exc:
             await self._after_rank_error(exc)
             if self._failure is not None and self._failure is not exc:
@@ -807,7 +829,14 @@ class Session:
                 rank
                 for rank in range(self.config.launch.num_ranks)
                 if rank != exc.rank
-                and (rank not in answers or (isinstance(answers[rank], dict) and answers[rank].get("seq") == exc.seq))
+                and (
+                    rank not in answers
+                    or (
+                        isinstance(answers[rank], dict)
+                        # inside the command, or not reached by it yet (it will enter, and wait)
+                        and (answers[rank].get("seq") == exc.seq or answers[rank].get("received", exc.seq) < exc.seq)
+                    )
+                )
             ]
             if not inside:
                 return
@@ -888,10 +917,8 @@ class Session:
             self.metrics.close()
         if self._publish is not None:
             self._publish.remove()
-        runtime_dir = getattr(self, "_runtime_dir", None)
-        if runtime_dir is not None:
-            runtime_dir.remove()
-            self._runtime_dir = None
+        if self._runtime_dir is not None:
+            self._runtime_dir.remove()
         logger.info("session closed")
         if self._log_handler is not None:
             logging.getLogger(ROOT_LOGGER).removeHandler(self._log_handler)
@@ -1444,8 +1471,8 @@ class Session:
         from rlsdk.engine.train.checkpoint import finalize_checkpoint, prune_checkpoints
 
         self._engine()
-        root = self.output_dir / "checkpoints"
-        root.mkdir(parents=True, exist_ok=True)
+        dir_mode, file_mode = output_modes(self.config.observe.output_mode)
+        root = private_dir(self.output_dir / "checkpoints", mode=dir_mode)
         version = self.versions.trainer_version
         # A batch generating in the background (async mode) is not part of the run yet: record the data position
         # and rollout count from before it, so a resume generates it again (from the checkpoint's weights).
@@ -1467,6 +1494,7 @@ class Session:
             "session.json": json.dumps({"step": self.step, "rollouts": rollouts}),
         }
         final = await asyncio.to_thread(finalize_checkpoint, tmp, root / f"step_{version}", extra)
+        await asyncio.to_thread(restrict_tree, final, dir_mode, file_mode)  # e.g. the tokenizer's files
         await asyncio.to_thread(prune_checkpoints, root, self.config.train.keep_checkpoints)
         logger.info("checkpoint written: %s", final)
         return final

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -38,14 +38,25 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_policy(tmp_path_factory.mktemp("tiny-policy") / "model", seed=0)
 
 
+@pytest.fixture(scope="session")
+def make_small_config(tiny_model_dir: Path) -> Callable[[Path], SessionConfig]:
+    """``make_small_config(output_dir)``: the ``small_config`` of a given output directory (for wider-scoped
+    fixtures)."""
+
+    def make(output_dir: Path) -> SessionConfig:
+        return SessionConfig(
+            model=ModelConfig(path=str(tiny_model_dir)),
+            launch=LaunchConfig(num_ranks=2, start_timeout_s=120.0, heartbeat_interval_s=0.5, heartbeat_timeout_s=20.0),
+            train=TrainConfig(lr=1e-3, micro_batch_size=4),
+            rollout=RolloutConfig(group_size=4, max_new_tokens=5),
+            data=DataConfig(prompts_per_step=4, num_examples=64),
+            observe=ObserveConfig(output_dir=str(output_dir), console=False),
+        )
+
+    return make
+
+
 @pytest.fixture()
-def small_config(tiny_model_dir: Path, tmp_path: Path) -> SessionConfig:
+def small_config(make_small_config: Callable[[Path], SessionConfig], tmp_path: Path) -> SessionConfig:
     """2 ranks, 4 prompts x 4 samples, short timeouts: a Session that starts in seconds."""
-    return SessionConfig(
-        model=ModelConfig(path=str(tiny_model_dir)),
-        launch=LaunchConfig(num_ranks=2, start_timeout_s=120.0, heartbeat_interval_s=0.5, heartbeat_timeout_s=20.0),
-        train=TrainConfig(lr=1e-3, micro_batch_size=4),
-        rollout=RolloutConfig(group_size=4, max_new_tokens=5),
-        data=DataConfig(prompts_per_step=4, num_examples=64),
-        observe=ObserveConfig(output_dir=str(tmp_path / "out"), console=False),
-    )
+    return make_small_config(tmp_path / "out")

@@ -58,9 +58,11 @@ class LaunchConfig:
         heartbeat_timeout_s: Seconds without a heartbeat before a rank counts as dead; > heartbeat_interval_s.
         command_timeout_s: Seconds a rank command may run before it is reported as hung; None = no limit,
             else > 0.
-        host: Listen address of the control channel; a loopback address (127.x.x.x, ::1, localhost) unless
-            allow_remote is set.
-        allow_remote: Allow a non-loopback host, exposing the control channel to the network.
+        host: TCP listen address of the control channel where TCP is used (scheduler 'slurm' or 'ray', or
+            allow_remote); a loopback address (127.x.x.x, ::1, localhost) unless allow_remote is set. A local run
+            without allow_remote uses a Unix socket in the session's private runtime directory and no TCP port.
+        allow_remote: Allow a non-loopback host and listen on TCP (encrypted and authenticated with CURVE) even
+            with scheduler 'local', e.g. for ranks you attach from another machine.
         tracer: Record every collective on the ranks (a 'traced' gloo process group, a few microseconds per
             collective) so hangs and desyncs are diagnosed live; see docs/howto/debug-hang.md.
         hang_timeout_s: Seconds a command may run before the watchdog collects every rank's collective trace
@@ -723,6 +725,11 @@ class ObserveConfig:
         tensorboard: Write TensorBoard events under output_dir.
         console: Show rank-tagged logs on the terminal.
         moving_average: Window, in steps, of the reward moving mean, >= 1.
+        output_mode: Permission bits, as an octal string, of the directories a run creates under output_dir
+            (logs, TensorBoard, checkpoints, traces) and, without the execute bits, of the files in them; ranks
+            create theirs under the matching umask. '0700' (default): private to you (docs/security.md); e.g.
+            '0750' to let your group read a shared project directory. Must give you rwx and never let others
+            write. Directories that already exist keep their mode.
     """
 
     output_dir: str = "outputs/run"
@@ -730,8 +737,17 @@ class ObserveConfig:
     tensorboard: bool = True
     console: bool = True
     moving_average: int = 10
+    output_mode: str = "0700"
 
     def __post_init__(self) -> None:
         check_types(self)
         require(self, "output_dir", self.output_dir.strip() != "", "a non-empty directory path")
         require(self, "moving_average", self.moving_average >= 1, "an int >= 1")
+        mode = int(self.output_mode, 8) if re.fullmatch(r"0?[0-7]{3}", self.output_mode) else None
+        require(
+            self,
+            "output_mode",
+            mode is not None and mode & 0o700 == 0o700 and mode & 0o002 == 0,
+            "an octal mode string such as '0700' (private) or '0750' (group may read): the owner needs rwx "
+            "(0700) and others may never write (no 0002 bit)",
+        )

@@ -1,7 +1,9 @@
-"""Authenticated loopback control channel between the controller (``ControllerChannel``) and the ranks
-(``RankChannel``): commands out; results, rank-tagged log records and heartbeats back.
+"""Authenticated control channel between the controller (``ControllerChannel``) and the ranks (``RankChannel``):
+commands out; results, rank-tagged log records and heartbeats back. A Unix socket in a private directory on one
+machine, TCP with CURVE across machines.
 
-See ``rlsdk.control.protocol`` for the wire format and the environment contract.
+See ``rlsdk.control.protocol`` for the wire format and the environment contract, ``rlsdk.control.controller`` for
+who may connect and whom the controller routes to.
 """
 
 from rlsdk.control.controller import ControllerChannel

@@ -17,6 +17,9 @@ Subclasses decode as their base type (``torch.Size`` and named tuples as ``tuple
 ``OrderedDict`` as ``dict``, ``nn.Parameter`` as ``Tensor``).
 
 Payload layout: ``MAGIC`` (4 bytes) || JSON length (4 bytes, little-endian) || UTF-8 JSON tree || raw buffers.
+The JSON tree is at most :data:`MAX_JSON_BYTES` (parsed JSON takes ~25x its size in Python objects; bulk data
+belongs in tensors, which cost their size once). A plain JSON number must be finite (``1e999`` is refused, not
+read as ``inf``), and a ``bool`` tensor or array may hold only the bytes 0 and 1.
 The JSON tree holds JSON values as themselves and everything else as a one-key object with a tag:
 
 - ``{"$f": "nan" | "inf" | "-inf"}``: a non-finite float;
@@ -39,7 +42,16 @@ from typing import Any
 
 from rlsdk.control.errors import PayloadError
 
-__all__ = ["MAGIC", "MAX_DEPTH", "MAX_PAYLOAD_BYTES", "NUMPY_DTYPES", "TENSOR_DTYPES", "decode", "encode"]
+__all__ = [
+    "MAGIC",
+    "MAX_DEPTH",
+    "MAX_JSON_BYTES",
+    "MAX_PAYLOAD_BYTES",
+    "NUMPY_DTYPES",
+    "TENSOR_DTYPES",
+    "decode",
+    "encode",
+]
 
 MAGIC = b"RLC1"
 """First four bytes of every payload (codec version 1)."""
@@ -47,6 +59,10 @@ MAX_DEPTH = 100
 """Deepest nesting of containers (list, tuple, dict) a body may have; deeper raises on both ends."""
 MAX_PAYLOAD_BYTES = 1 << 30
 """Largest payload :func:`encode` builds and :func:`decode` accepts, in bytes (1 GiB)."""
+MAX_JSON_BYTES = 8 << 20
+"""Largest JSON part of a payload :func:`encode` builds and :func:`decode` accepts, in bytes (8 MiB): parsing
+JSON allocates many times its size, so this bounds what a body can make the receiver allocate beyond its raw
+buffers."""
 
 TENSOR_DTYPES = (
     "bool",
@@ -122,7 +138,14 @@ def _reject_constant(name: str) -> Any:
     raise PayloadError(f"JSON constant {name} is not allowed (non-finite floats are tagged)")
 
 
-_JSON_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value - value != 0.0:  # inf or nan: an out-of-range literal such as 1e999
+        raise PayloadError(f"JSON number {text[:24]!r} is not a finite float (non-finite floats are tagged)")
+    return value
+
+
+_JSON_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
 
 _torch_dtypes: dict[str, Any] | None = None
 
@@ -313,7 +336,8 @@ def encode(body: Any) -> bytes:
         TypeError: ``body`` holds a value of another type, a dict key of another type, or a tensor or array of
             another dtype, device or layout; the message names the path inside the body, e.g.
             ``body['shard'][2]``, the offending type and the allowed types.
-        ValueError: nesting deeper than :data:`MAX_DEPTH`, a payload over :data:`MAX_PAYLOAD_BYTES`, or an
+        ValueError: nesting deeper than :data:`MAX_DEPTH`, a payload over :data:`MAX_PAYLOAD_BYTES` or a JSON
+            part over :data:`MAX_JSON_BYTES`, or an
             ``int`` with more digits than Python converts to text (``sys.get_int_max_str_digits``).
     """
     if body is None:
@@ -326,6 +350,11 @@ def encode(body: Any) -> bytes:
             raise TypeError(f"{_path(exc.path)} {exc.reason}; allowed: {_ALLOWED}") from None
         raise exc.error(f"{_path(exc.path)}: {exc.reason}") from None
     text = _json(tree)
+    if len(text) > MAX_JSON_BYTES:
+        raise ValueError(
+            f"body's JSON part is {len(text)} bytes, over MAX_JSON_BYTES={MAX_JSON_BYTES}: send bulk data as "
+            "tensors or arrays, or in several messages"
+        )
     size = _PREFIX_BYTES + len(text) + encoder.offset
     if size > MAX_PAYLOAD_BYTES:
         raise ValueError(f"body encodes to {size} bytes, over MAX_PAYLOAD_BYTES={MAX_PAYLOAD_BYTES}")
@@ -440,6 +469,8 @@ class _Decoder:
         out = torch.empty(nbytes, dtype=torch.uint8)
         if nbytes:
             memoryview(out.numpy())[:] = self.data[start : start + nbytes]  # the one copy
+            if dtype == "bool" and bool(out.max() > 1):
+                raise PayloadError("'$t' bool tensor holds bytes other than 0 and 1")
         return out.view(dtypes[dtype]).reshape(shape)
 
     def array(self, value: Any) -> Any:
@@ -449,9 +480,12 @@ class _Decoder:
             raise PayloadError("payload holds a numpy array but numpy is not installed") from exc
         itemsizes = {name: numpy.dtype(name).itemsize for name in NUMPY_DTYPES}
         start, nbytes, dtype, shape = self.shaped(value, "$n", itemsizes)
+        raw = numpy.frombuffer(self.data, numpy.uint8, nbytes, start) if nbytes else None
+        if dtype == "bool" and raw is not None and raw.max() > 1:
+            raise PayloadError("'$n' bool array holds bytes other than 0 and 1")
         out = numpy.empty(shape, dtype=dtype)
-        if nbytes:
-            out.reshape(-1).view(numpy.uint8)[:] = numpy.frombuffer(self.data, numpy.uint8, nbytes, start)
+        if raw is not None:
+            out.reshape(-1).view(numpy.uint8)[:] = raw
         return out
 
 
@@ -474,9 +508,10 @@ def decode(payload: bytes | memoryview) -> Any:
     """The body that :func:`encode` turned into ``payload``; builds nothing but the allowed types.
 
     Raises:
-        PayloadError: ``payload`` is over :data:`MAX_PAYLOAD_BYTES`, lacks :data:`MAGIC`, its JSON does not
-            parse, or it holds an unknown or malformed tag, a disallowed dtype, a shape that does not match its
-            byte count, a buffer out of place or out of bounds, trailing bytes, or nesting deeper than
+        PayloadError: ``payload`` is over :data:`MAX_PAYLOAD_BYTES`, lacks :data:`MAGIC`, its JSON is over
+            :data:`MAX_JSON_BYTES` or does not parse, holds a non-finite plain number or a bool buffer with bytes
+            other than 0 and 1, or it holds an unknown or malformed tag, a disallowed dtype, a shape that does not
+            match its byte count, a buffer out of place or out of bounds, trailing bytes, or nesting deeper than
             :data:`MAX_DEPTH`. Any other failure while decoding is re-raised as ``PayloadError`` (``__cause__``
             holds it).
     """
@@ -487,7 +522,10 @@ def decode(payload: bytes | memoryview) -> Any:
         raise PayloadError(f"payload is {size} bytes, over MAX_PAYLOAD_BYTES={MAX_PAYLOAD_BYTES}")
     if size < _PREFIX_BYTES or payload[:4] != MAGIC:
         raise PayloadError(f"payload does not start with {MAGIC!r}: not a control-channel body ({size} bytes)")
-    start = _PREFIX_BYTES + int.from_bytes(payload[4:_PREFIX_BYTES], "little")
+    json_bytes = int.from_bytes(payload[4:_PREFIX_BYTES], "little")
+    if json_bytes > MAX_JSON_BYTES:
+        raise PayloadError(f"payload declares {json_bytes} bytes of JSON, over MAX_JSON_BYTES={MAX_JSON_BYTES}")
+    start = _PREFIX_BYTES + json_bytes
     if start > size:
         raise PayloadError(f"payload declares {start - _PREFIX_BYTES} bytes of JSON, has {size - _PREFIX_BYTES}")
     try:

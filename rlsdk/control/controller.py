@@ -1,13 +1,28 @@
 """Controller end of the control channel: one ROUTER socket, driven from the asyncio loop, that drives every rank.
 
-Each rank connects two DEALER sockets to the ROUTER: a command socket (identity ``cmd-<rank>``: hello,
-results, errors) and an event socket (identity ``evt-<rank>``: logs and heartbeats both ways). Keeping
-events off the command socket means a flood of log records never delays a result, and a rank busy in a
-long command still heartbeats from its event thread.
+Each rank connects two DEALER sockets to the ROUTER: a command socket (hello, results, errors) and an event socket
+(hello, logs and heartbeats both ways). Keeping events off the command socket means a flood of log records never
+delays a result, and a rank busy in a long command still heartbeats from its event thread.
+
+Who can reach the socket, and whom the controller talks to:
+
+- **Transport.** On one machine the ROUTER binds a Unix socket (``ipc://``) in a private (0700) runtime directory,
+  so no TCP port is opened and no other user can even connect (the kernel checks the directory's permissions).
+  Where TCP is needed (ranks on other machines) it binds ``tcp://host:*`` with ZeroMQ's CURVE: the session's key
+  pairs (:func:`rlsdk.control.protocol.curve_keys`) encrypt the traffic, and a ZAP handler admits only the ranks'
+  client key, so a peer without the session secret never finishes the handshake.
+- **Routing.** A rank's sockets pick random routing ids; the controller routes to a rank only through the ids that
+  completed an authenticated hello (signed with the ranks' key, naming the routing id it arrived on, never seen
+  before), and reads nothing but a small hello from any other peer. ``ROUTER_HANDOVER`` is off: a peer that
+  claims a connected rank's id is ignored by ZeroMQ, and a claimed id that never said hello is never routed to.
+- **Every message after the hello** must carry a larger link counter than the last one (``n``, per socket and
+  direction), so a captured message is refused when replayed; messages signed with the controller's key never
+  pass as a rank's.
 
 The socket is a plain (synchronous) zmq socket watched with ``loop.add_reader`` on its edge-triggered FD, and
 sends use ``DONTWAIT``: the round trip then costs a few Python calls instead of ``zmq.asyncio``'s per-message
-futures (measured: the no-op round trip to 2 ranks drops by a third). All socket use stays on the loop thread.
+futures (measured: the no-op round trip to 2 ranks drops by a third). All socket use stays on the loop thread,
+except the heartbeat thread's sends, which take the socket lock.
 """
 
 from __future__ import annotations
@@ -15,6 +30,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -24,7 +41,13 @@ from typing import Any
 import zmq
 
 from rlsdk.control import protocol
-from rlsdk.control.errors import CommandTimeoutError, ControlError, ProtocolError, RankError
+from rlsdk.control.errors import (
+    CommandTimeoutError,
+    ControlError,
+    ProtocolError,
+    RankDisconnectedError,
+    RankError,
+)
 
 __all__ = ["CommandTimeoutError", "ControllerChannel", "RankError"]
 
@@ -34,27 +57,55 @@ logger = logging.getLogger("rlsdk.control")
 _DROP_WARN_FIRST = 20
 _DROP_WARN_EVERY = 1000
 
+STREAMS = ("cmd", "evt")
+"""A rank's two sockets: commands (hello, results, errors) and events (hello, logs, heartbeats, query replies)."""
+
 _ALLOWED_KINDS = {
-    "cmd": frozenset({"hello", "result", "error"}),
+    "cmd": frozenset({"result", "error"}),
     "evt": frozenset({"log", "heartbeat", "reply"}),
 }
+# The name of the Unix socket in the runtime directory.
+_SOCKET_NAME = "control"
+_ZAP_DOMAIN = "rlsdk-control"
 
 
-def command_identity(rank: int) -> bytes:
-    """ZMQ identity of rank ``rank``'s command socket."""
-    return b"cmd-%d" % rank
+@dataclass
+class _Link:
+    """One authenticated rank socket: which rank and stream, and the message counters of both directions."""
+
+    rank: int
+    stream: str
+    last_in: int
+    out: int = 0
 
 
-def event_identity(rank: int) -> bytes:
-    """ZMQ identity of rank ``rank``'s event socket."""
-    return b"evt-%d" % rank
+class _AllowOneKey:
+    """CURVE credentials provider for pyzmq's ZAP authenticator: admits exactly the session's client key."""
+
+    def __init__(self, client_public: bytes) -> None:
+        self._client_public = client_public
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        import hmac
+
+        return hmac.compare_digest(key, self._client_public)
 
 
-def _parse_identity(identity: bytes) -> tuple[str, int] | None:
-    role, _, rank_text = identity.partition(b"-")
-    if role not in (b"cmd", b"evt") or not rank_text.isdigit() or len(rank_text) > 9:
-        return None
-    return role.decode(), int(rank_text)
+def check_private_dir(path: str) -> None:
+    """Raise ``ControlError`` unless ``path`` is a real directory of this user that no one else may enter.
+
+    A Unix socket in such a directory cannot be connected to by another user, whatever the socket's own mode.
+    """
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        raise ControlError(f"socket_dir {path!r} cannot be used: {exc}") from exc
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
+        raise ControlError(
+            f"socket_dir {path!r} must be a directory owned by this user with mode 0700 (no access for group or "
+            f"others; it is mode {oct(stat.S_IMODE(info.st_mode))}, uid {info.st_uid}): other users could connect "
+            "to the control socket otherwise (use rlsdk.runtime_dir.SessionRuntimeDir)"
+        )
 
 
 @dataclass
@@ -72,17 +123,22 @@ class ControllerChannel:
     Args:
         secret: the session secret (see :func:`rlsdk.control.protocol.new_session_secret`).
         session_id: the id every message of this session carries.
-        host: interface to bind; the default keeps the channel on loopback.
+        host: interface to bind a TCP socket on, with CURVE (ranks on other machines); ``None`` (the default) binds
+            a Unix socket instead and opens no port.
+        socket_dir: private (0700) directory of this user for the Unix socket, e.g. the Session's
+            :class:`~rlsdk.runtime_dir.SessionRuntimeDir`; ``None`` with ``host=None`` = a fresh runtime directory
+            of the channel's own, removed at :meth:`close`.
         heartbeat_interval_s: seconds between the controller's heartbeats to each rank.
-        on_log: called in the event loop with each log record dict a rank ships (its ``rank`` key is filled
-            in when missing). ``None`` re-logs the record through ``rlsdk.control.rank``. Exceptions it
-            raises are logged and swallowed.
-        max_message_bytes: the largest frame accepted from any peer (``ZMQ_MAXMSGSIZE``); a peer sending a
-            larger one is disconnected by ZeroMQ before Python sees a byte of it.
+        on_log: called in the event loop with each log record dict a rank ships (its ``rank`` key is set to the
+            authenticated sender's rank, whatever the record says). ``None`` re-logs the record through
+            ``rlsdk.control.rank``. Exceptions it raises are logged and swallowed.
+        max_message_bytes: the largest frame accepted from any peer (``ZMQ_MAXMSGSIZE``; payloads travel in
+            chunks of :data:`~rlsdk.control.protocol.FRAME_BYTES`); a peer sending a larger frame is disconnected
+            by ZeroMQ before Python sees a byte of it.
 
     Raises:
-        ValueError: empty ``secret`` or ``session_id``, ``heartbeat_interval_s <= 0`` or
-            ``max_message_bytes < 1``.
+        ValueError: empty ``secret`` or ``session_id``, ``heartbeat_interval_s <= 0``, ``max_message_bytes < 1``,
+            or both ``host`` and ``socket_dir``.
     """
 
     def __init__(
@@ -90,10 +146,11 @@ class ControllerChannel:
         secret: bytes,
         session_id: str,
         *,
-        host: str = "127.0.0.1",
+        host: str | None = None,
+        socket_dir: str | os.PathLike[str] | None = None,
         heartbeat_interval_s: float = protocol.DEFAULT_HEARTBEAT_INTERVAL_S,
         on_log: Callable[[dict[str, Any]], None] | None = None,
-        max_message_bytes: int = protocol.MAX_MESSAGE_BYTES,
+        max_message_bytes: int = protocol.FRAME_BYTES,
     ) -> None:
         if max_message_bytes < 1:
             raise ValueError(f"max_message_bytes={max_message_bytes!r} is invalid: allowed an int >= 1")
@@ -103,9 +160,14 @@ class ControllerChannel:
             raise ValueError("session_id is empty: allowed a non-empty string")
         if heartbeat_interval_s <= 0:
             raise ValueError(f"heartbeat_interval_s={heartbeat_interval_s!r} is invalid: allowed > 0")
+        if host is not None and socket_dir is not None:
+            raise ValueError("host and socket_dir are exclusive: TCP on host, or a Unix socket in socket_dir")
         self._secret = bytes(secret)
         self._session_id = session_id
         self._host = host
+        self._socket_dir = None if socket_dir is None else os.fspath(socket_dir)
+        self._own_runtime_dir: Any = None  # a SessionRuntimeDir made here when neither host nor socket_dir is given
+        self._authenticator: Any = None
         self._max_message_bytes = int(max_message_bytes)
         self._heartbeat_interval_s = float(heartbeat_interval_s)
         self._on_log = on_log if on_log is not None else _relog_record
@@ -115,7 +177,8 @@ class ControllerChannel:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         # The socket is used from the loop thread and from the heartbeat thread; zmq allows that only with a
-        # full memory barrier between uses, which this lock gives.
+        # full memory barrier between uses, which this lock gives. It also keeps each link's counter in the
+        # order its messages leave.
         self._socket_lock = threading.Lock()
         self._heartbeat_stop = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
@@ -124,6 +187,9 @@ class ControllerChannel:
         self._command_lock = asyncio.Lock()
         self._seq = 0
         self._heartbeat_seq = 0
+        self._links: dict[bytes, _Link] = {}
+        self._routes: dict[int, dict[str, bytes]] = {}
+        self._seen_identities: set[bytes] = set()
         self._ranks: dict[int, dict[str, Any]] = {}
         self._last_heartbeat: dict[int, float] = {}
         self._current_command: dict[int, str | None] = {}
@@ -135,13 +201,14 @@ class ControllerChannel:
         self._queries: dict[int, tuple[asyncio.Future[None], dict[int, Any], int]] = {}
         self._query_seq = 0
         self.dropped_messages = 0
-        """Messages dropped since start: bad signature, wrong session, malformed frames or unknown peer."""
+        """Messages dropped since start: bad signature, wrong session, malformed frames, replays or a peer that
+        has not said hello."""
 
     # ------------------------------------------------------------------ lifecycle
 
     @property
     def address(self) -> str:
-        """The address ranks connect to, e.g. ``tcp://127.0.0.1:PORT``.
+        """The address ranks connect to: ``ipc:///RUNTIME_DIR/control`` or ``tcp://HOST:PORT``.
 
         Raises:
             ControlError: the channel has not been started.
@@ -149,6 +216,11 @@ class ControllerChannel:
         if self._address is None:
             raise ControlError("ControllerChannel.address is unknown before start()")
         return self._address
+
+    @property
+    def transport(self) -> str:
+        """``"ipc"`` (a Unix socket in a private directory, the default) or ``"tcp"`` (with CURVE)."""
+        return "ipc" if self._host is None else "tcp"
 
     @property
     def session_id(self) -> str:
@@ -171,39 +243,33 @@ class ControllerChannel:
         )
 
     async def start(self) -> None:
-        """Bind the ROUTER socket on ``tcp://host:*`` and start the receive and heartbeat tasks.
+        """Bind the ROUTER socket (a Unix socket, or ``tcp://host:*`` with CURVE) and start the receive and
+        heartbeat tasks.
 
         Raises:
-            ControlError: the channel was already started or closed.
+            ControlError: the channel was already started or closed; ``socket_dir`` is not a private directory of
+                this user; TCP is asked for but this libzmq has no CURVE (the channel never listens on TCP
+                without it).
             zmq.ZMQError: the socket cannot be bound.
         """
         if self._closed or self._socket is not None:
             raise ControlError("ControllerChannel.start() may be called once, before close()")
+        if self._host is not None and not zmq.has("curve"):
+            raise ControlError(
+                f"the control channel would listen on TCP ({self._host}) but this libzmq has no CURVE "
+                "(zmq.has('curve') is False): it refuses to accept unencrypted, unauthenticated TCP peers. Install "
+                "a pyzmq wheel (they bundle CURVE) or run on one machine (scheduler 'local', Unix sockets)"
+            )
         self._loop = asyncio.get_running_loop()
         self._context = zmq.Context()
         sock = self._context.socket(zmq.ROUTER)
-        # Sending to an identity that is not connected raises EHOSTUNREACH instead of dropping silently.
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        # A rank that reconnects (or a restarted rank) takes its identity over at once. Without this the ROUTER
-        # rejects the new connection while the old one is not yet torn down, and the rank's hello is lost.
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        sock.setsockopt(zmq.LINGER, 0)
-        # An oversized frame (any peer, authenticated or not) drops that peer's connection inside ZeroMQ: it
-        # never reaches Python, never allocates beyond the limit, and the channel goes on.
-        sock.setsockopt(zmq.MAXMSGSIZE, self._max_message_bytes)
-        bind_host = self._host
-        if ":" in bind_host and not bind_host.startswith("["):
-            sock.setsockopt(zmq.IPV6, 1)
-            bind_host = f"[{bind_host}]"
         try:
-            sock.bind(f"tcp://{bind_host}:*")
-        except zmq.ZMQError:
+            endpoint = self._bind(sock)
+        except BaseException:
             sock.close(linger=0)
-            self._context.term()
-            self._context = None
+            self._stop_transport()
             raise
-        endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._address = f"tcp://{bind_host}:{endpoint.rsplit(':', 1)[1]}"
+        self._address = endpoint
         self._socket = sock
         self._loop.add_reader(sock.getsockopt(zmq.FD), self._drain)
         # Heartbeats come from a thread, not the event loop: a notebook cell that blocks the kernel's loop for
@@ -213,6 +279,57 @@ class ControllerChannel:
         )
         self._heartbeat_thread.start()
         logger.debug("control channel listening on %s (session %s)", self._address, self._session_id)
+
+    def _bind(self, sock: zmq.Socket[bytes]) -> str:
+        """Set the socket's options and bind it; returns the address ranks connect to."""
+        assert self._context is not None
+        # Sending to an id that is not connected raises EHOSTUNREACH instead of dropping silently. No
+        # ROUTER_HANDOVER: a second peer claiming a connected peer's id is ignored, never given its route.
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.LINGER, 0)
+        # An oversized frame (any peer, authenticated or not, during the handshake too) drops that peer's
+        # connection inside ZeroMQ: it never reaches Python, never allocates beyond the limit.
+        sock.setsockopt(zmq.MAXMSGSIZE, self._max_message_bytes)
+        if self._host is None:
+            if self._socket_dir is None:
+                from rlsdk.runtime_dir import SessionRuntimeDir
+
+                self._own_runtime_dir = SessionRuntimeDir()
+                self._socket_dir = self._own_runtime_dir.path
+            check_private_dir(self._socket_dir)
+            from rlsdk.runtime_dir import socket_path
+
+            path = socket_path(self._socket_dir, _SOCKET_NAME)
+            sock.bind(f"ipc://{path}")
+            return f"ipc://{path}"
+        from zmq.auth.thread import ThreadAuthenticator
+
+        keys = protocol.curve_keys(self._secret)
+        self._authenticator = ThreadAuthenticator(self._context, log=logging.getLogger("rlsdk.control.zap"))
+        self._authenticator.start()
+        self._authenticator.configure_curve_callback(_ZAP_DOMAIN, credentials_provider=_AllowOneKey(keys.client_public))
+        sock.setsockopt(zmq.ZAP_DOMAIN, _ZAP_DOMAIN.encode())
+        sock.setsockopt(zmq.CURVE_SERVER, 1)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, keys.server_secret)
+        bind_host = self._host
+        if ":" in bind_host and not bind_host.startswith("["):
+            sock.setsockopt(zmq.IPV6, 1)
+            bind_host = f"[{bind_host}]"
+        sock.bind(f"tcp://{bind_host}:*")
+        endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        return f"tcp://{bind_host}:{endpoint.rsplit(':', 1)[1]}"
+
+    def _stop_transport(self) -> None:
+        if self._authenticator is not None:
+            with contextlib.suppress(Exception):
+                self._authenticator.stop()
+            self._authenticator = None
+        if self._context is not None:
+            self._context.term()
+            self._context = None
+        if self._own_runtime_dir is not None:
+            self._own_runtime_dir.remove()
+            self._own_runtime_dir = None
 
     async def shutdown_ranks(self, *, linger_s: float = 0.5) -> None:
         """Send ``shutdown`` to every registered rank's command socket; best effort, waits for no reply.
@@ -224,10 +341,9 @@ class ControllerChannel:
             return
         self._seq += 1
         for rank in sorted(self._ranks):
-            frames = protocol.encode(self._secret, kind="shutdown", seq=self._seq, rank=rank, session=self._session_id)
             try:
-                self._send([command_identity(rank), *frames])
-            except zmq.ZMQError as exc:
+                self._send_to(rank, "cmd", "shutdown", self._seq)
+            except (zmq.ZMQError, ControlError) as exc:
                 logger.debug("shutdown not sent to rank %d: %s", rank, exc)
         self._close_linger_ms = max(self._close_linger_ms, int(linger_s * 1000))
 
@@ -255,9 +371,7 @@ class ControllerChannel:
                 self._loop.remove_reader(self._socket.getsockopt(zmq.FD))
             self._socket.close(linger=self._close_linger_ms)
             self._socket = None
-        if self._context is not None:
-            self._context.term()
-            self._context = None
+        self._stop_transport()
 
     async def __aenter__(self) -> ControllerChannel:
         await self.start()
@@ -269,7 +383,7 @@ class ControllerChannel:
     # ------------------------------------------------------------------ ranks
 
     async def wait_for_ranks(self, world_size: int, timeout_s: float | None) -> dict[int, dict[str, Any]]:
-        """Wait until ranks ``0 .. world_size-1`` have said hello; return their hello bodies by rank.
+        """Wait until ranks ``0 .. world_size-1`` have said hello on both sockets; return their hello bodies by rank.
 
         Raises:
             ValueError: ``world_size < 1``.
@@ -294,7 +408,10 @@ class ControllerChannel:
                         f"rank {rank} said hello with world_size={hello.get('world_size')!r}, but "
                         f"{world_size} ranks are expected"
                     )
-            missing = [rank for rank in range(world_size) if rank not in self._ranks]
+            # Ready: both sockets said hello (the event socket carries the heartbeats and queries).
+            missing = [
+                rank for rank in range(world_size) if rank not in self._ranks or "evt" not in self._routes.get(rank, {})
+            ]
             if not missing:
                 return {rank: dict(self._ranks[rank]) for rank in range(world_size)}
             remaining = None if deadline is None else deadline - self._loop.time()
@@ -413,24 +530,14 @@ class ControllerChannel:
                 self._pending.pop(pending.seq, None)
 
     async def _send_and_gather(self, pending: _PendingCommand, payloads: Sequence[bytes]) -> list[Any]:
-        assert self._socket is not None
         extra = {"command": pending.command}
         for rank in pending.ranks:
-            frames = protocol.encode(
-                self._secret,
-                kind="command",
-                seq=pending.seq,
-                rank=rank,
-                session=self._session_id,
-                extra=extra,
-                payload=payloads[rank],
-            )
             try:
-                await self._send_when_possible([command_identity(rank), *frames])
+                await self._send_when_possible(rank, "command", pending.seq, payloads[rank], extra)
             except zmq.ZMQError as exc:
                 if exc.errno != zmq.EHOSTUNREACH:
                     raise
-                raise ControlError(
+                raise RankDisconnectedError(
                     f"cannot send {pending.command!r} (seq {pending.seq}) to rank {rank}: its command socket "
                     "is not connected (the rank process may have died)"
                 ) from exc
@@ -454,13 +561,9 @@ class ControllerChannel:
         try:
             payload = protocol.dumps_body(body)
             for rank in ranks:
-                frames = protocol.encode(
-                    self._secret, kind="query", seq=seq, rank=rank, session=self._session_id,
-                    extra={"query": name}, payload=payload,
-                )  # fmt: skip
                 try:
-                    self._send([event_identity(rank), *frames])
-                except zmq.ZMQError as exc:
+                    self._send_to(rank, "evt", "query", seq, payload=payload, extra={"query": name})
+                except (zmq.ZMQError, ControlError) as exc:
                     logger.debug("query %r not sent to rank %d: %s", name, rank, exc)
             if ranks:
                 with contextlib.suppress(TimeoutError):
@@ -509,27 +612,60 @@ class ControllerChannel:
         self.dropped_messages += 1
         count = self.dropped_messages
         if count <= _DROP_WARN_FIRST or count % _DROP_WARN_EVERY == 0:
+            link = self._links.get(identity)
+            peer = f"rank {link.rank} ({link.stream})" if link is not None else "a peer that has not said hello"
             logger.warning(
-                "control channel dropped a message from peer %r: %s (%d dropped so far)",
-                identity,
+                "control channel dropped a message from %s, routing id %s: %s (%d dropped so far)",
+                peer,
+                identity.hex(),
                 reason,
                 count,
             )
 
-    def _send(self, frames: list[bytes]) -> None:
-        """Send without blocking (raises ``zmq.Again`` at the high-water mark), then look for input: a send
-        can consume the FD's edge while a message is waiting, and the edge would not fire again."""
-        assert self._socket is not None and self._loop is not None
-        with self._socket_lock:
-            self._socket.send_multipart(frames, flags=zmq.DONTWAIT)
-        if not self._drain_scheduled:
-            self._drain_scheduled = True
-            self._loop.call_soon(self._drain)
+    def _send_to(
+        self,
+        rank: int,
+        stream: str,
+        kind: str,
+        seq: int,
+        *,
+        payload: bytes | None = None,
+        extra: dict[str, Any] | None = None,
+        schedule_drain: bool = True,
+    ) -> None:
+        """Sign and send one message to ``rank``'s ``stream`` socket without blocking (``zmq.Again`` at the
+        high-water mark). Only the routing id that said hello on that stream is used.
 
-    async def _send_when_possible(self, frames: list[bytes]) -> None:
+        Raises:
+            ControlError: ``rank`` has no authenticated socket on ``stream``.
+            zmq.ZMQError: as ``send_multipart`` (``EHOSTUNREACH``: the socket is gone).
+        """
+        sock, loop = self._socket, self._loop
+        if sock is None or loop is None or self._closed:
+            raise ControlError("the control channel is not started or is closed")
+        with self._socket_lock:
+            identity = self._routes.get(rank, {}).get(stream)
+            link = None if identity is None else self._links.get(identity)
+            if identity is None or link is None:
+                raise ControlError(f"rank {rank} has no authenticated {stream} socket (no hello yet)")
+            # Counter, signature and send under one lock: each link's messages leave in counter order.
+            link.out += 1
+            frames = protocol.encode(
+                self._secret, sender="controller", kind=kind, seq=seq, rank=rank, session=self._session_id,
+                counter=link.out, payload=protocol.dumps_body(None) if payload is None else payload, extra=extra,
+            )  # fmt: skip
+            sock.send_multipart([identity, *frames], flags=zmq.DONTWAIT)
+        # A send can consume the FD's edge while a message is waiting, and the edge would not fire again.
+        if schedule_drain and not self._drain_scheduled:
+            self._drain_scheduled = True
+            loop.call_soon(self._drain)
+
+    async def _send_when_possible(
+        self, rank: int, kind: str, seq: int, payload: bytes, extra: dict[str, Any] | None
+    ) -> None:
         while True:
             try:
-                self._send(frames)
+                self._send_to(rank, "cmd", kind, seq, payload=payload, extra=extra)
                 return
             except zmq.Again:
                 await asyncio.sleep(0.001)  # the peer's queue is full: wait for it instead of dropping a command
@@ -559,27 +695,28 @@ class ControllerChannel:
 
     def _handle(self, frames: list[bytes]) -> None:
         identity = frames[0]
-        peer = _parse_identity(identity)
-        if peer is None:
-            self._drop(identity, "unknown peer identity")
+        link = self._links.get(identity)
+        if link is None:
+            self._handle_hello(identity, frames[1:])
             return
-        role, identity_rank = peer
         try:
-            message = protocol.decode(self._secret, frames[1:], session=self._session_id)
+            message = protocol.decode(self._secret, frames[1:], sender="rank", session=self._session_id)
         except ProtocolError as exc:
             self._drop(identity, f"{type(exc).__name__}: {exc}")
-            if exc.header is not None:
-                self._fail_unreadable_reply(identity_rank, exc)
+            if exc.header is not None and link.stream == "cmd":
+                self._fail_unreadable_reply(link.rank, exc)
             return
-        if message.rank != identity_rank:
-            self._drop(identity, f"header names rank {message.rank}, identity names rank {identity_rank}")
+        if message.counter <= link.last_in:
+            self._drop(identity, f"message counter {message.counter} is not after {link.last_in} (a replay)")
             return
-        if message.kind not in _ALLOWED_KINDS[role]:
-            self._drop(identity, f"a {message.kind!r} message is not allowed on a {role} socket")
+        link.last_in = message.counter
+        if message.rank != link.rank:
+            self._drop(identity, f"header names rank {message.rank}, the socket said hello as rank {link.rank}")
             return
-        if message.kind == "hello":
-            self._on_hello(message)
-        elif message.kind == "result":
+        if message.kind not in _ALLOWED_KINDS[link.stream]:
+            self._drop(identity, f"a {message.kind!r} message is not allowed on a {link.stream} socket")
+            return
+        if message.kind == "result":
             self._on_reply(message.rank, message.seq, message.body, None)
         elif message.kind == "error":
             self._on_reply(message.rank, message.seq, None, self._rank_error(message))
@@ -590,13 +727,56 @@ class ControllerChannel:
         else:
             self._on_log_message(message)
 
+    def _handle_hello(self, identity: bytes, frames: list[bytes]) -> None:
+        """A message from a routing id that has not said hello: only a small, authentic, first-time hello that
+        names this routing id registers it; nothing else from it is read (its size is checked before its
+        signature is computed)."""
+        size = sum(len(frame) for frame in frames)
+        if len(frames) != 3 or size > protocol.HELLO_MAX_BYTES:
+            self._drop(
+                identity,
+                f"a peer that has not said hello sent {len(frames)} frames, {size} bytes: only a hello of 3 frames "
+                f"and at most {protocol.HELLO_MAX_BYTES} bytes is read from it",
+            )
+            return
+        try:
+            message = protocol.decode(self._secret, frames, sender="rank", session=self._session_id)
+        except ProtocolError as exc:
+            self._drop(identity, f"{type(exc).__name__}: {exc}")
+            return
+        body = message.body
+        if message.kind != "hello":
+            self._drop(identity, f"a {message.kind!r} message from a peer that has not said hello")
+            return
+        if (
+            not isinstance(body, dict)
+            or body.get("rank") != message.rank
+            or body.get("stream") not in STREAMS
+            or body.get("identity") != identity.hex()
+        ):
+            self._drop(identity, f"malformed hello body (rank, stream and this routing id expected): {body!r}")
+            return
+        if identity in self._seen_identities:
+            self._drop(identity, "hello from a routing id that said hello before (a replay)")
+            return
+        self._seen_identities.add(identity)
+        rank, stream = message.rank, body["stream"]
+        routes = self._routes.setdefault(rank, {})
+        with self._socket_lock:  # the heartbeat thread reads routes and links under it
+            old = routes.get(stream)
+            if old is not None:
+                self._links.pop(old, None)
+            routes[stream] = identity
+            self._links[identity] = _Link(rank, stream, last_in=message.counter)
+        if stream == "cmd":
+            self._on_hello(message)
+        else:
+            self._wake_rank_waiters()
+
     def _on_hello(self, message: protocol.Message) -> None:
         body = message.body
-        if not isinstance(body, dict) or body.get("rank") != message.rank:
-            self._drop(command_identity(message.rank), f"malformed hello body {body!r}")
-            return
         again = message.rank in self._ranks
-        self._ranks[message.rank] = dict(body)
+        self._ranks[message.rank] = {key: value for key, value in body.items() if key not in ("stream", "identity")}
         self._last_heartbeat[message.rank] = time.monotonic()
         self._current_command[message.rank] = None
         logger.info(
@@ -625,7 +805,7 @@ class ControllerChannel:
             if not isinstance(record, dict):
                 logger.debug("rank %d sent a log record that is not a dict: %r", message.rank, record)
                 continue
-            record.setdefault("rank", message.rank)
+            record["rank"] = message.rank  # the authenticated sender; never what the record claims
             try:
                 self._on_log(record)
             except Exception:
@@ -668,20 +848,18 @@ class ControllerChannel:
     def _heartbeat_loop(self) -> None:
         """Heartbeat thread: beat every interval to every registered rank, whatever the event loop is doing."""
         while not self._heartbeat_stop.wait(self._heartbeat_interval_s):
-            sock, loop = self._socket, self._loop
-            if sock is None or loop is None or self._closed:
+            loop = self._loop
+            if self._socket is None or loop is None or self._closed:
                 return
-            for rank in sorted(tuple(self._ranks)):
+            for rank in sorted(tuple(self._routes)):
                 self._heartbeat_seq += 1
-                frames = protocol.encode(
-                    self._secret, kind="heartbeat", seq=self._heartbeat_seq, rank=rank, session=self._session_id
-                )
                 try:
-                    with self._socket_lock:
-                        if self._closed:
-                            return
-                        # Never queue heartbeats behind a stalled peer: drop this beat instead.
-                        sock.send_multipart([event_identity(rank), *frames], flags=zmq.DONTWAIT)
+                    if self._closed:
+                        return
+                    # Never queue heartbeats behind a stalled peer: DONTWAIT drops this beat instead.
+                    self._send_to(rank, "evt", "heartbeat", self._heartbeat_seq, schedule_drain=False)
+                except ControlError:
+                    continue  # the event socket has not said hello yet
                 except zmq.ZMQError as exc:
                     if self._closed or exc.errno in (zmq.ETERM, zmq.ENOTSOCK):
                         return

@@ -35,6 +35,10 @@ class SessionMismatchError(ProtocolError):
     """A correctly signed message names another session id (a stale process from an earlier session)."""
 
 
+class RankDisconnectedError(ControlError):
+    """A command could not be sent: the rank's socket is gone (its process died); the launcher says how."""
+
+
 class RankError(ControlError):
     """A rank raised while executing a command; carries the remote exception type, message and traceback."""
 

@@ -4,7 +4,13 @@ The thread that calls :meth:`RankChannel.recv_command` (the rank's main thread) 
 event thread owns the event socket: it ships log records queued by :meth:`RankChannel.send_log` (from any
 thread), sends this rank's heartbeats (with the command it is running) and watches the controller's
 heartbeats. Nothing the event thread does can block the training thread: the log queue is bounded and drops
-its oldest records when full, and event-socket sends never wait.
+its oldest records when full, and event-socket sends never wait. Nothing a log record holds can end the event
+thread either (a batch too large for one message is split; a single record too large is truncated): its
+heartbeats are what tells the controller this rank is alive.
+
+Each socket gets a random routing id and says hello with it first (see :mod:`rlsdk.control.controller`); on a
+``tcp://`` address both run CURVE with the session's client key pair and check the controller's server key, so
+they only ever talk to the controller of this session.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import contextlib
 import logging
 import os
 import queue
+import secrets
 import socket
 import threading
 import time
@@ -34,6 +41,8 @@ SHUTDOWN = "shutdown"
 """Name of the :class:`Command` that :meth:`RankChannel.recv_command` returns on the controller's shutdown."""
 
 _LOG_BATCH = 256  # log records per event message: one signature and one syscall for a burst of records
+# A single log record's message is cut to this many characters when the record is too large to send whole.
+_MAX_RECORD_CHARS = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -59,7 +68,7 @@ class RankChannel:
     Args:
         rank: this rank, ``0 <= rank < world_size``.
         world_size: number of ranks.
-        address: the controller's address, e.g. ``tcp://127.0.0.1:PORT``.
+        address: the controller's address: ``ipc:///RUNTIME_DIR/control``, or ``tcp://HOST:PORT`` (CURVE).
         secret: the session secret.
         session_id: the session id.
         heartbeat_interval_s: seconds between this rank's heartbeats.
@@ -123,6 +132,9 @@ class RankChannel:
         self._progress: tuple[int, int] | None = None
         self._last_command_seq = 0
         self._event_seq = 0
+        # Link counters (header ``n``): the last one sent and the last one accepted, per socket.
+        self._sent_n = {"cmd": 0, "evt": 0}
+        self._received_n = {"cmd": 0, "evt": 0}
         self._last_controller_heartbeat = time.monotonic()
         self._controller_lost = False
         self._unsent_logs: list[dict[str, Any]] = []
@@ -182,25 +194,29 @@ class RankChannel:
     def connect(self) -> None:
         """Connect both sockets, say hello (rank, world size, pid, hostname) and start the event thread.
 
+        Each socket says hello first, naming its routing id (random, fresh for every connect): the controller
+        routes to no other id.
+
         Raises:
-            ControlError: already connected, or closed.
+            ControlError: already connected, or closed; or a ``tcp://`` address and a libzmq without CURVE.
             zmq.ZMQError: the address is invalid.
         """
         if self._closed or self._context is not None:
             raise ControlError("RankChannel.connect() may be called once, before close()")
+        if self.address.startswith("tcp://") and not zmq.has("curve"):
+            raise ControlError(f"{self.address} is a TCP address but this libzmq has no CURVE (zmq.has('curve'))")
         self._context = zmq.Context()
-        self._command_socket = self._connect_dealer(b"cmd-%d" % self.rank)
-        self._event_socket = self._connect_dealer(b"evt-%d" % self.rank)
-        self._wake_read_fd, self._wake_write_fd = os.pipe()
-        os.set_blocking(self._wake_read_fd, False)
-        os.set_blocking(self._wake_write_fd, False)
         hello = {
             "rank": self.rank,
             "world_size": self.world_size,
             "pid": os.getpid(),
             "hostname": socket.gethostname(),
         }
-        self._command_socket.send_multipart(self._encode("hello", 0, hello))
+        self._command_socket = self._connect_dealer("cmd", hello)
+        self._event_socket = self._connect_dealer("evt", hello)
+        self._wake_read_fd, self._wake_write_fd = os.pipe()
+        os.set_blocking(self._wake_read_fd, False)
+        os.set_blocking(self._wake_write_fd, False)
         self._last_controller_heartbeat = time.monotonic()
         self._thread = threading.Thread(target=self._event_loop, name=f"rlsdk-rank{self.rank}-events", daemon=True)
         self._thread.start()
@@ -286,7 +302,7 @@ class RankChannel:
         """
         sock = self._require_command_socket()
         try:
-            frames = self._encode("result", seq, value)
+            frames = self._encode("result", seq, value, "cmd")
         except Exception as exc:
             logger.exception("result of command seq %d cannot be encoded; sending an error instead", seq)
             self.send_error(seq, exc)
@@ -306,7 +322,7 @@ class RankChannel:
             "message": str(exc),
             "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
         }
-        sock.send_multipart(self._encode("error", seq, body))
+        sock.send_multipart(self._encode("error", seq, body, "cmd"))
         self.set_current(None, None)
 
     def set_current(self, command: str | None, seq: int | None) -> None:
@@ -352,13 +368,21 @@ class RankChannel:
 
     # ------------------------------------------------------------------ internals
 
-    def _connect_dealer(self, identity: bytes) -> zmq.Socket[bytes]:
+    def _connect_dealer(self, stream: str, hello: dict[str, Any]) -> zmq.Socket[bytes]:
         assert self._context is not None
+        # A leading zero byte is reserved for ids ZeroMQ generates itself; 15 random bytes are not guessable.
+        identity = b"r" + secrets.token_bytes(15)
         sock = self._context.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, identity)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
+        sock.setsockopt(zmq.MAXMSGSIZE, protocol.FRAME_BYTES)
+        if self.address.startswith("tcp://"):
+            keys = protocol.curve_keys(self._secret)
+            sock.setsockopt(zmq.CURVE_SERVERKEY, keys.server_public)
+            sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.client_public)
+            sock.setsockopt(zmq.CURVE_SECRETKEY, keys.client_secret)
         sock.connect(self.address)
+        sock.send_multipart(self._encode("hello", 0, {**hello, "stream": stream, "identity": identity.hex()}, stream))
         return sock
 
     def _require_command_socket(self) -> zmq.Socket[bytes]:
@@ -366,8 +390,15 @@ class RankChannel:
             raise ControlError("the rank channel is not connected (call connect()) or is closed")
         return self._command_socket
 
-    def _encode(self, kind: str, seq: int, body: Any) -> list[bytes]:
-        return protocol.encode(self._secret, kind=kind, seq=seq, rank=self.rank, session=self._session_id, body=body)
+    def _encode(self, kind: str, seq: int, body: Any, stream: str) -> list[Any]:
+        """Sign one message for ``stream``'s socket; the link counter advances only when encoding succeeds."""
+        counter = self._sent_n[stream] + 1
+        frames = protocol.encode(
+            self._secret, sender="rank", kind=kind, seq=seq, rank=self.rank, session=self._session_id,
+            counter=counter, body=body,
+        )  # fmt: skip
+        self._sent_n[stream] = counter
+        return frames
 
     def _drop(self, reason: str) -> None:
         self.dropped_messages += 1
@@ -381,7 +412,7 @@ class RankChannel:
 
     def _accept_command(self, frames: list[bytes]) -> Command | None:
         try:
-            message = protocol.decode(self._secret, frames, session=self._session_id)
+            message = protocol.decode(self._secret, frames, sender="controller", session=self._session_id)
         except ProtocolError as exc:
             self._drop(f"{type(exc).__name__}: {exc}")
             header = exc.header or {}
@@ -389,6 +420,10 @@ class RankChannel:
                 # Authentic but unreadable: answer, or the controller waits for this command forever.
                 self.send_error(int(header["seq"]), exc)
             return None
+        if message.counter <= self._received_n["cmd"]:
+            self._drop(f"message counter {message.counter} is not after {self._received_n['cmd']} (a replay)")
+            return None
+        self._received_n["cmd"] = message.counter
         if message.rank != self.rank:
             self._drop(f"message for rank {message.rank} reached rank {self.rank}")
             return None
@@ -439,7 +474,11 @@ class RankChannel:
                     with contextlib.suppress(OSError):
                         os.read(self._wake_read_fd, 4096)
                 self._wake_pending = False
-                self._ship_logs(None)
+                try:
+                    self._ship_logs(None)
+                except Exception:  # never let a log record stop the heartbeats (they say this rank is alive)
+                    self.dropped_logs += len(self._unsent_logs)
+                    self._unsent_logs = []
             if self._event_socket is not None:
                 self._ship_logs(self._flush_deadline)
         except Exception:
@@ -461,10 +500,14 @@ class RankChannel:
             except zmq.Again:
                 return
             try:
-                message = protocol.decode(self._secret, frames, session=self._session_id)
+                message = protocol.decode(self._secret, frames, sender="controller", session=self._session_id)
             except ProtocolError as exc:
                 self._drop(f"{type(exc).__name__}: {exc}")
                 continue
+            if message.counter <= self._received_n["evt"]:
+                self._drop(f"message counter {message.counter} is not after {self._received_n['evt']} (a replay)")
+                continue
+            self._received_n["evt"] = message.counter
             if message.kind == "query" and message.rank == self.rank:
                 self._answer_query(message)
                 continue
@@ -475,7 +518,9 @@ class RankChannel:
 
     def _current_command(self, _body: Any) -> dict[str, Any]:
         command, seq = self._current
-        return {"command": command, "seq": seq}
+        # "received": the last command this rank accepted, so an idle answer from a rank the newest command has
+        # not reached yet is not mistaken for one that has left it.
+        return {"command": command, "seq": seq, "received": self._last_command_seq}
 
     def set_query_handler(self, name: str, handler: Callable[[Any], Any]) -> None:
         """Answer the controller's ``query`` messages named ``name`` with ``handler(body)`` (encodable by
@@ -496,10 +541,10 @@ class RankChannel:
         except Exception as exc:
             body = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         try:
-            frames = self._encode("reply", message.seq, body)
+            frames = self._encode("reply", message.seq, body, "evt")
         except (TypeError, ValueError) as exc:  # an unencodable answer must not end the event thread
             error = f"answer to query {name!r} cannot be encoded: {type(exc).__name__}: {exc}"
-            frames = self._encode("reply", message.seq, {"ok": False, "error": error})
+            frames = self._encode("reply", message.seq, {"ok": False, "error": error}, "evt")
         sock = self._event_socket
         if sock is not None:
             with contextlib.suppress(zmq.Again):
@@ -508,7 +553,7 @@ class RankChannel:
     def _ship_logs(self, deadline: float | None) -> None:
         """Send queued records in batches until the queue is empty or the event socket is full.
 
-        A batch the socket refuses is kept for the next call. With a ``deadline`` (closing), a full socket is
+        Records the socket refuses are kept for the next call. With a ``deadline`` (closing), a full socket is
         retried until the deadline; what is still unsent then is dropped and counted.
         """
         while True:
@@ -518,8 +563,9 @@ class RankChannel:
                         self._unsent_logs.append(self._logs.get_nowait())
                 if not self._unsent_logs:
                     return
-            if self._send_event("log", self._unsent_logs):
-                self._unsent_logs = []
+            frames, count = self._log_frames()
+            if frames is None or self._send_frames(frames):
+                del self._unsent_logs[:count]
                 continue
             if deadline is None:
                 return
@@ -529,27 +575,64 @@ class RankChannel:
                 return
             time.sleep(0.005)  # the socket is full while closing: give the I/O thread a moment
 
-    def _send_event(self, kind: str, body: Any) -> bool:
+    def _log_frames(self) -> tuple[list[Any] | None, int]:
+        """The frames of the longest prefix of the unsent records that fits in one message, and its length.
+
+        Values the codec refuses are sent as their ``repr``; a batch over the size limits is halved; a single
+        record still too large is sent with its text cut to ``_MAX_RECORD_CHARS``, or dropped and counted
+        (``(None, 1)``) when even that does not fit. Never raises for anything a record holds.
+        """
+        batch = self._unsent_logs
+        count = len(batch)
+        plain = False
+        while True:
+            records = batch[:count]
+            try:
+                return self._encode("log", 0, [_plain_record(r) for r in records] if plain else records, "evt"), count
+            except TypeError:
+                if plain:
+                    break
+                plain = True
+            except ValueError:
+                if count == 1:
+                    break
+                count //= 2
+        try:
+            return self._encode("log", 0, [_truncated_record(batch[0])], "evt"), 1
+        except (TypeError, ValueError):
+            self.dropped_logs += 1
+            return None, 1
+
+    def _send_frames(self, frames: list[Any]) -> bool:
         sock = self._event_socket
         if sock is None:
             return False
-        self._event_seq += 1
-        try:
-            frames = self._encode(kind, self._event_seq, body)
-        except Exception:
-            if kind != "log":
-                raise
-            frames = self._encode(kind, self._event_seq, [_plain_record(record) for record in body])
         try:
             sock.send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:
             return False
         return True
 
+    def _send_event(self, kind: str, body: Any) -> bool:
+        if self._event_socket is None:
+            return False
+        self._event_seq += 1
+        return self._send_frames(self._encode(kind, self._event_seq, body, "evt"))
+
 
 def _plain_record(record: dict[str, Any]) -> dict[str, Any]:
     plain = (str, int, float, bool, type(None))
     return {str(key): value if isinstance(value, plain) else repr(value) for key, value in record.items()}
+
+
+def _truncated_record(record: dict[str, Any]) -> dict[str, Any]:
+    """The record's standard fields, its text cut to ``_MAX_RECORD_CHARS``; says so in the text."""
+    keep = ("name", "levelno", "levelname", "component", "rank", "world_size", "version", "role", "created")
+    out = {key: record[key] for key in keep if isinstance(record.get(key), (str, int, float, bool))}
+    text = str(record.get("message", record.get("msg", "")))
+    size = len(text)
+    out["message"] = text[:_MAX_RECORD_CHARS] + f" ... [rlsdk: record of {size} characters cut to fit the channel]"
+    return out
 
 
 def _env_float(env: Mapping[str, str], name: str, default: float) -> float:

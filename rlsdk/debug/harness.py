@@ -55,8 +55,10 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, env: dict[str
 
     channel = RankChannel.from_env(rank, world_size, on_controller_lost=lambda: os._exit(3))
     install_trace_query(channel)
+    from rlsdk.launch.rendezvous import rank_store
+
     timeout = env.get("RLSDK_PG_TIMEOUT_S")
-    tracer.init_traced_process_group(float(timeout) if timeout else None)
+    tracer.init_traced_process_group(float(timeout) if timeout else None, store=rank_store(world_size))
     channel.connect()
     # Wait for the controller's "run": a rank that aborts right after connecting could lose its queued hello.
     command = channel.recv_command()
@@ -101,18 +103,22 @@ async def _diagnose(
     straggler_after_s: float,
 ) -> Diagnosis:
     from rlsdk.control import ControllerChannel, new_session_id, new_session_secret
-    from rlsdk.testing.distributed import free_port
+    from rlsdk.launch.rendezvous import one_machine_environment
+    from rlsdk.runtime_dir import SessionRuntimeDir
 
     secret = new_session_secret()
-    channel = ControllerChannel(secret, new_session_id(), heartbeat_interval_s=0.5, on_log=lambda record: None)
+    # As a Session on one machine: the channel's Unix socket and the ranks' rendezvous files in a private directory.
+    runtime = SessionRuntimeDir()
+    channel = ControllerChannel(
+        secret, new_session_id(), socket_dir=runtime.path, heartbeat_interval_s=0.5, on_log=lambda record: None
+    )
     await channel.start()
     tail_dir = tempfile.mkdtemp(prefix="rlsdk-trace-")
     env = {
         **channel.rank_environment(heartbeat_timeout_s=30.0),
+        **one_machine_environment(runtime.path),
         "WORLD_SIZE": str(world_size),
         "LOCAL_WORLD_SIZE": str(world_size),
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
         "OMP_NUM_THREADS": "1",
         "RLSDK_TRACE_DIR": tail_dir,
     }
@@ -160,6 +166,7 @@ async def _diagnose(
             if proc.pid is not None:
                 proc.join(10)
         await channel.close()
+        runtime.remove()
         for name in os.listdir(tail_dir):
             os.unlink(os.path.join(tail_dir, name))
         os.rmdir(tail_dir)

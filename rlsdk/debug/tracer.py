@@ -676,14 +676,15 @@ def install(*, shm_allreduce: bool | None = None) -> None:
 
 
 def init_traced_process_group(
-    timeout_s: float | None = None, *, record: bool = True, shm_allreduce: bool = False
+    timeout_s: float | None = None, *, record: bool = True, shm_allreduce: bool = False, store: Any = None
 ) -> None:
     """Create the default (WORLD) process group on the ``traced`` backend from the torchrun environment.
 
     Call it before ``Accelerator(cpu=True)``: accelerate then uses the existing group (it refuses the backend
     name itself). ``timeout_s`` is the process-group timeout (``None``: torch's default). ``record=False``
     turns the recording off (the group only forwards, and all-reduces through shared memory with
-    ``shm_allreduce``, see :func:`install`).
+    ``shm_allreduce``, see :func:`install`). ``store``: the c10d store the ranks meet through (e.g.
+    :func:`rlsdk.launch.rendezvous.rank_store`); ``None`` = ``env://`` (``MASTER_ADDR``/``MASTER_PORT``).
     """
     import torch.distributed as dist
 
@@ -692,7 +693,11 @@ def init_traced_process_group(
     kwargs: dict[str, Any] = {}
     if timeout_s is not None:
         kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
-    dist.init_process_group(backend=BACKEND, init_method="env://", **kwargs)
+    if store is None:
+        dist.init_process_group(backend=BACKEND, init_method="env://", **kwargs)
+    else:
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        dist.init_process_group(backend=BACKEND, store=store, rank=rank, world_size=world_size, **kwargs)
     tracer = get_tracer()
     tracer.rank = dist.get_rank()
     tail_dir = os.environ.get("RLSDK_TRACE_DIR")

@@ -26,6 +26,7 @@ import contextlib
 import json
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -112,12 +113,22 @@ async def collect_states(
 
 def save_report(report: TraceReport, directory: Path) -> Path:
     """Write ``rank_N.json`` (state, stacks), ``flight_recorder_rank_N.json`` and ``report.txt`` under
-    ``directory``; ``rlsdk trace show`` reads them back."""
-    directory.mkdir(parents=True, exist_ok=True)
+    ``directory``; ``rlsdk trace show`` reads them back. ``directory`` and its files get the mode of its parent
+    (``OUTPUT/traces``, made with ``observe.output_mode``), without write access for anyone but this user."""
+    from rlsdk.runtime_dir import private_dir, private_file
+
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    dir_mode = (stat.S_IMODE(os.stat(directory.parent).st_mode) & 0o755) | 0o700
+    private_dir(directory, mode=dir_mode)
+
+    def write(name: str, text: str) -> None:
+        with os.fdopen(private_file(directory / name, dir_mode & 0o666), "w", encoding="utf-8") as handle:
+            handle.write(text)
+
     for rank, state in report.states.items():
-        (directory / f"rank_{rank}.json").write_text(json.dumps(state, default=str, indent=1))
-        (directory / f"flight_recorder_rank_{rank}.json").write_text(json.dumps(to_flight_recorder(state)))
-    (directory / "report.txt").write_text(str(report) + "\n")
+        write(f"rank_{rank}.json", json.dumps(state, default=str, indent=1))
+        write(f"flight_recorder_rank_{rank}.json", json.dumps(to_flight_recorder(state)))
+    write("report.txt", str(report) + "\n")
     return directory
 
 

@@ -6,6 +6,8 @@ with two differences:
 
 - ``PR_SET_PDEATHSIG`` (SIGTERM) is set first, as :mod:`rlsdk.launch.pdeathsig` does for an exec'd command: the
   launcher dies with the controller, even a SIGKILLed one, and torchrun then takes its ranks down.
+- rlsdk's file rendezvous (:mod:`rlsdk.launch.rendezvous`) is registered with torch's rendezvous registry, so
+  ``--rdzv_backend rlsdk-file`` meets the ranks of one machine through files instead of a TCP store.
 - Once the ranks have exited and ``launch_command`` returns (or raises: the traceback, with torchelastic's root
   cause summary, is printed as before and the exit code is 1), the process leaves with ``os._exit``. The
   interpreter's teardown of a process that imported torch (its module finalisation garbage collection) took
@@ -27,6 +29,10 @@ def main(argv: list[str]) -> int:
     if os.getppid() != parent:  # the parent died before prctl took effect
         return 1
     from accelerate.commands.launch import launch_command, launch_command_parser
+
+    from rlsdk.launch.rendezvous import register
+
+    register()
 
     args = launch_command_parser().parse_args(argv)
     try:

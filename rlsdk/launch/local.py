@@ -71,16 +71,19 @@ def root_cause(lines: Sequence[str]) -> tuple[int | None, int | None, int | None
     return int(match["rank"]), int(match["code"]), int(match["pid"])
 
 
-def accelerate_command(num_ranks: int, module: str = "rlsdk.worker") -> list[str]:
+def accelerate_command(num_ranks: int, module: str = "rlsdk.worker", *, file_rendezvous: bool = False) -> list[str]:
     """The ``accelerate launch`` command line for ``num_ranks`` CPU ranks on this machine.
 
     ``--cpu`` would start one process (multi-process CPU needs MPI there); ``--multi_gpu`` with
-    ``Accelerator(cpu=True)`` in the rank gives N gloo ranks. Port 0 lets the store pick a free port.
-    accelerate refuses ``--multi_gpu`` with one process: one rank runs with ``--cpu`` (its plain launcher sets no
-    torchrun variables; :func:`single_rank_environment` gives them). Run through
-    :mod:`rlsdk.launch.accelerate_entry`: accelerate's own launch code, with the parent-death signal set and
-    without interpreter teardown at exit.
+    ``Accelerator(cpu=True)`` in the rank gives N gloo ranks. Port 0 lets accelerate pick a free port (a busy
+    default port would switch it to a "standalone" TCP rendezvous). accelerate refuses ``--multi_gpu`` with one
+    process: one rank runs with ``--cpu`` (its plain launcher sets no torchrun variables;
+    :func:`single_rank_environment` gives them). Run through :mod:`rlsdk.launch.accelerate_entry`: accelerate's
+    own launch code, with the parent-death signal set, rlsdk's file rendezvous registered and without interpreter
+    teardown at exit. ``file_rendezvous``: torchrun's rendezvous in files of ``$RLSDK_RENDEZVOUS_DIR`` (no TCP
+    store; :mod:`rlsdk.launch.rendezvous`).
     """
+    rendezvous = ["--rdzv_backend", "rlsdk-file"] if file_rendezvous else []
     if num_ranks == 1:
         return [
             sys.executable, "-m", "rlsdk.launch.accelerate_entry",
@@ -99,6 +102,7 @@ def accelerate_command(num_ranks: int, module: str = "rlsdk.worker") -> list[str
         "--mixed_precision", "no",
         "--dynamo_backend", "no",
         "--main_process_port", "0",
+        *rendezvous,
         "-m", module,
     ]  # fmt: skip
 
@@ -122,8 +126,13 @@ class LocalLauncher:
         on_line: Callable[[str], None] | None = None,
         module: str = "rlsdk.worker",
     ) -> LocalLauncher:
-        """Start the ranks in the background; returns at once (ranks then connect to the control channel)."""
-        cmd = accelerate_command(num_ranks, module)
+        """Start the ranks in the background; returns at once (ranks then connect to the control channel).
+
+        With ``RLSDK_RENDEZVOUS_DIR`` in ``env`` the ranks meet through files there, not a TCP store
+        (:mod:`rlsdk.launch.rendezvous`)."""
+        from rlsdk.launch.rendezvous import RLSDK_RENDEZVOUS_DIR
+
+        cmd = accelerate_command(num_ranks, module, file_rendezvous=bool(env.get(RLSDK_RENDEZVOUS_DIR)))
         logger.debug("launching: %s", " ".join(cmd))
         env = {**env, **single_rank_environment()} if num_ranks == 1 else dict(env)
         proc = await asyncio.create_subprocess_exec(

@@ -361,7 +361,9 @@ class SlurmLauncher:
                 "launch.scheduler='slurm' needs sbatch on PATH (a Slurm login node); none found. On one machine, "
                 "rlsdk.testing.fake_slurm.install_fake_slurm simulates one"
             )
-        job_dir.mkdir(parents=True, exist_ok=True)
+        from rlsdk.runtime_dir import private_dir
+
+        private_dir(job_dir)  # the script, the job's output and the replicas' endpoints: this user's only
         port = main_process_port or launch.main_process_port or free_port()
         output_path = job_dir / "slurm-%j.out"
         spec = SlurmJobSpec.from_config(launch, main_process_port=port, output_path=str(output_path), vllm=vllm)

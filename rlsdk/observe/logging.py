@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sys
 import threading
 from collections import deque
@@ -155,6 +156,24 @@ def install_rank_logging(
     return handler
 
 
+_ROLE_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+
+
+def log_file_key(record: dict[str, Any]) -> str:
+    """The log file (without ``.log``) a record goes to: ``rank_N`` for an int rank, else its role when that is a
+    plain name (``controller``, ``launcher``, ``inference``), else ``controller``.
+
+    A record's fields can never name a path: the control channel sets ``rank`` to the authenticated sender's, and
+    anything else that is not a plain name is not used (``../`` cannot leave ``logs/``)."""
+    rank = record.get("rank")
+    if type(rank) is int and rank >= 0:
+        return f"rank_{rank}"
+    role = record.get("role")
+    if rank is None and isinstance(role, str) and _ROLE_NAME.fullmatch(role):
+        return role
+    return "controller" if rank is None else "rank_unknown"
+
+
 class RankLogRouter:
     """Controller side: shows every record on one stream and writes one file per rank/role.
 
@@ -165,8 +184,18 @@ class RankLogRouter:
     """
 
     def __init__(
-        self, log_dir: Path, *, console: bool, level: int, stream: Any = None, keep_recent: int = 1000
+        self,
+        log_dir: Path,
+        *,
+        console: bool,
+        level: int,
+        stream: Any = None,
+        keep_recent: int = 1000,
+        dir_mode: int = 0o700,
+        file_mode: int = 0o600,
     ) -> None:
+        from rlsdk.runtime_dir import private_dir
+
         self.log_dir = log_dir
         self.level = level
         self.console = console
@@ -175,7 +204,8 @@ class RankLogRouter:
         self._lock = threading.Lock()
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
         self.recent: deque[dict[str, Any]] = deque(maxlen=keep_recent)
-        log_dir.mkdir(parents=True, exist_ok=True)
+        self._file_mode = file_mode
+        private_dir(log_dir, mode=dir_mode)
 
     def add_listener(self, listener: Callable[[dict[str, Any]], None]) -> None:
         """Also hand every record to ``listener`` (e.g. a notebook widget)."""
@@ -192,11 +222,13 @@ class RankLogRouter:
             return list(self.recent)
 
     def _file_for(self, record: dict[str, Any]) -> Any:
-        rank = record.get("rank")
-        key = f"rank_{rank}" if rank is not None else str(record.get("role") or "controller")
+        key = log_file_key(record)
         handle = self._files.get(key)
         if handle is None:
-            handle = open(os.path.join(self.log_dir, f"{key}.log"), "a", encoding="utf-8")  # noqa: SIM115
+            from rlsdk.runtime_dir import private_file
+
+            fd = private_file(os.path.join(self.log_dir, f"{key}.log"), self._file_mode, append=True)
+            handle = os.fdopen(fd, "a", encoding="utf-8")
             self._files[key] = handle
         return handle
 

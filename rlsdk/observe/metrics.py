@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
@@ -12,14 +13,29 @@ from typing import Any
 class MetricsWriter:
     """Writes scalar metrics per step. ``tensorboard=False`` keeps only the in-memory history."""
 
-    def __init__(self, log_dir: Path, *, tensorboard: bool, history: int = 100_000) -> None:
+    def __init__(
+        self,
+        log_dir: Path,
+        *,
+        tensorboard: bool,
+        history: int = 100_000,
+        dir_mode: int = 0o700,
+        file_mode: int = 0o600,
+    ) -> None:
         self.log_dir = log_dir
         self._writer: Any = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            log_dir.mkdir(parents=True, exist_ok=True)
+            from rlsdk.runtime_dir import private_dir
+
+            private_dir(log_dir, mode=dir_mode)
+            before = set(os.listdir(log_dir))
             self._writer = SummaryWriter(log_dir=str(log_dir))
+            for name in set(os.listdir(log_dir)) - before:  # the event file it opened under the process umask
+                path = log_dir / name
+                if path.is_file() and not path.is_symlink():
+                    os.chmod(path, file_mode)
         self.history: deque[tuple[int, dict[str, float]]] = deque(maxlen=history)
         self.texts: dict[str, tuple[int, str]] = {}  # tag -> (step, text) of the latest log_text
 

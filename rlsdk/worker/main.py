@@ -186,6 +186,8 @@ class Worker:
 def main() -> None:
     startup = {"imported": time.time()}  # this module's imports (torch) are done
     set_parent_death_signal(signal.SIGTERM)
+    # Checkpoints, published weights and traces this rank writes get observe.output_mode (0700/0600 by default).
+    os.umask(int(os.environ.get("RLSDK_UMASK", "0o077"), 8))
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(int(os.environ.get("RLSDK_THREADS_PER_RANK", "1")))
@@ -264,26 +266,38 @@ def _process_group(channel: Any) -> list[Any]:
     """Create the default process group before accelerate does: on the ``traced`` backend when
     ``RLSDK_TRACER=1`` or ``RLSDK_SHM_ALLREDUCE=1`` (accelerate refuses other backend names but uses an existing
     group; without the tracer the group records nothing and only routes all-reduces through shared memory),
-    with the ``RLSDK_PG_TIMEOUT_S`` timeout. Returns accelerate's kwargs handlers for the plain gloo case."""
+    with the ``RLSDK_PG_TIMEOUT_S`` timeout. On one machine the group meets through a file store in the session's
+    private directory (:mod:`rlsdk.launch.rendezvous`), never a TCP store. Returns accelerate's kwargs handlers
+    when accelerate creates a plain gloo group itself (``env://``, several machines)."""
+    import datetime
+
     timeout_text = os.environ.get("RLSDK_PG_TIMEOUT_S", "")
     timeout_s = float(timeout_text) if timeout_text else None
+    timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
     from rlsdk.debug.rank import install_trace_query
+    from rlsdk.launch.rendezvous import rank_store
 
     install_trace_query(channel)  # stacks of every thread, with or without the tracer
     record = os.environ.get("RLSDK_TRACER") == "1"
     shm_allreduce = os.environ.get("RLSDK_SHM_ALLREDUCE") == "1"
+    store = rank_store(int(os.environ["WORLD_SIZE"]), timeout)
     if record or shm_allreduce:
         from rlsdk.debug.tracer import init_traced_process_group
 
-        init_traced_process_group(timeout_s, record=record, shm_allreduce=shm_allreduce)
+        init_traced_process_group(timeout_s, record=record, shm_allreduce=shm_allreduce, store=store)
         return []
-    if timeout_s is None:
-        return []
-    import datetime
+    if store is not None:
+        import torch.distributed as dist
 
+        kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, **kwargs)
+        return []
+    if timeout is None:
+        return []
     from accelerate.utils import InitProcessGroupKwargs
 
-    return [InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=timeout_s))]
+    return [InitProcessGroupKwargs(timeout=timeout)]
 
 
 def _shutdown(channel: Any) -> None:

@@ -110,6 +110,10 @@ BAD_VALUES = [
     (ObserveConfig, {"tensorboard": 0}, "tensorboard", 0),
     (ObserveConfig, {"console": None}, "console", None),
     (ObserveConfig, {"moving_average": 0}, "moving_average", 0),
+    (ObserveConfig, {"output_mode": "0600"}, "output_mode", "0600"),  # the owner cannot enter its directories
+    (ObserveConfig, {"output_mode": "0777"}, "output_mode", "0777"),  # others could write
+    (ObserveConfig, {"output_mode": "rwx"}, "output_mode", "rwx"),
+    (ObserveConfig, {"output_mode": 0o700}, "output_mode", 0o700),  # a string, not an int
     (SessionConfig, {"seed": -1}, "seed", -1),
     (SessionConfig, {"run_name": 5}, "run_name", 5),
     (SessionConfig, {"train": {"lr": 1e-4}}, "train", {"lr": 1e-4}),
@@ -257,3 +261,8 @@ def test_rollout_config_stop_with_an_empty_string_raises_naming_stop() -> None:
     assert info.value.field == "RolloutConfig.stop"
     assert "non-empty" in info.value.allowed
     assert RolloutConfig(stop=("</answer>",)).stop == ("</answer>",)
+
+
+@pytest.mark.parametrize("mode", ["0700", "700", "0750", "0755"])
+def test_observe_config_output_mode_with_owner_rwx_and_no_write_for_others_is_accepted(mode: str) -> None:
+    assert ObserveConfig(output_mode=mode).output_mode == mode

@@ -137,7 +137,7 @@ def test_message_signed_with_wrong_secret_is_dropped_counted_and_warned(caplog: 
 
     run(body)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any("b'cmd-0'" in text and "AuthenticationError" in text for text in warnings)
+    assert any("has not said hello" in text and "AuthenticationError" in text for text in warnings)
 
 
 def test_message_with_wrong_session_id_is_dropped_and_counted(caplog: pytest.LogCaptureFixture) -> None:
@@ -179,11 +179,16 @@ def test_malformed_frames_and_unknown_peers_are_dropped_without_breaking_the_cha
                 stranger.setsockopt(zmq.IDENTITY, b"intruder")
                 stranger.setsockopt(zmq.LINGER, 0)
                 stranger.connect(channel.address)
-                stranger.send_multipart(protocol.encode(secret, kind="hello", seq=0, rank=0, session=session_id))
-                # A rank's hello on its event socket is not allowed either.
-                garbage.send_multipart(
-                    protocol.encode(secret, kind="hello", seq=0, rank=0, session=session_id, body={"rank": 0})
+                stranger.send_multipart(
+                    protocol.encode(secret, sender="rank", kind="hello", seq=0, rank=0, session=session_id, counter=1)
                 )
+                # A hello that does not name the routing id it arrives on is not accepted either.
+                garbage.send_multipart(
+                    protocol.encode(
+                        secret, sender="rank", kind="hello", seq=0, rank=0, session=session_id, counter=1,
+                        body={"rank": 0, "stream": "evt", "identity": b"someone-else".hex()},
+                    )
+                )  # fmt: skip
                 deadline = time.monotonic() + 5.0
                 while channel.dropped_messages < 4 and time.monotonic() < deadline:
                     await asyncio.sleep(0.02)
@@ -200,11 +205,12 @@ def test_malformed_frames_and_unknown_peers_are_dropped_without_breaking_the_cha
 
     run(body)
     text = "\n".join(r.getMessage() for r in caplog.records)
-    assert "b'intruder'" in text and "unknown peer identity" in text
-    assert "b'evt-0'" in text and "not allowed on a evt socket" in text
+    assert b"intruder".hex() in text and "malformed hello body" in text
+    assert b"evt-0".hex() in text and "sent 1 frames" in text and "AuthenticationError" in text
+    assert "this routing id expected" in text
 
 
-def test_restarted_rank_reconnecting_with_same_identity_registers_again_at_once(
+def test_restarted_rank_reconnecting_registers_again_at_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="rlsdk.control")
@@ -359,24 +365,28 @@ def test_shutdown_ranks_makes_recv_command_return_shutdown() -> None:
     run(body)
 
 
-def test_rank_drops_a_replayed_command(caplog: pytest.LogCaptureFixture) -> None:
+def test_rank_drops_a_replayed_command(caplog: pytest.LogCaptureFixture, tmp_path) -> None:
     caplog.set_level(logging.WARNING, logger="rlsdk.control")
     secret, session_id = new_session_secret(), "s"
+    socket_dir = tmp_path / "run"
+    socket_dir.mkdir(mode=0o700)
+    address = f"ipc://{socket_dir}/control"
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    rank = RankChannel(0, 1, f"tcp://127.0.0.1:{port}", secret, session_id)
+    router.bind(address)
+    rank = RankChannel(0, 1, address, secret, session_id)
     try:
         rank.connect()
-        identity, *_ = router.recv_multipart()  # the hello
-        assert identity == b"cmd-0"
+        hellos = [router.recv_multipart() for _ in range(2)]  # one per socket
+        identity = next(frames[0] for frames in hellos if b'"stream":"cmd"' in b"".join(frames[2:-1]))
         command = protocol.encode(
-            secret, kind="command", seq=4, rank=0, session=session_id, extra={"command": "x"}, body={"a": 1}
-        )
-        router.send_multipart([b"cmd-0", *command])
+            secret, sender="controller", kind="command", seq=4, rank=0, session=session_id, counter=1,
+            extra={"command": "x"}, body={"a": 1},
+        )  # fmt: skip
+        router.send_multipart([identity, *command])
         first = rank.recv_command(timeout_s=5.0)
-        router.send_multipart([b"cmd-0", *command])
+        router.send_multipart([identity, *command])
         replayed = rank.recv_command(timeout_s=0.3)
     finally:
         rank.close(flush_timeout_s=0.0)
@@ -386,7 +396,7 @@ def test_rank_drops_a_replayed_command(caplog: pytest.LogCaptureFixture) -> None
     assert first is not None and (first.seq, first.name, first.body) == (4, "x", {"a": 1})
     assert replayed is None
     assert rank.dropped_messages == 1
-    assert any("seq 4 is not after" in r.getMessage() for r in caplog.records)
+    assert any("counter 1 is not after 1" in r.getMessage() for r in caplog.records)
 
 
 def test_rank_calls_on_controller_lost_when_controller_heartbeats_stop() -> None:
@@ -461,10 +471,11 @@ def test_oversized_message_from_a_peer_is_refused_by_zeromq_and_the_channel_goes
                 huge.setsockopt(zmq.IDENTITY, b"cmd-0")
                 huge.setsockopt(zmq.LINGER, 0)
                 huge.connect(channel.address)
-                frames = protocol.encode(
-                    secret, kind="hello", seq=0, rank=0, session=session_id, body={"rank": 0, "pad": b"x" * (2 << 20)}
-                )
-                huge.send_multipart(frames)
+                header, *chunks, signature = protocol.encode(
+                    secret, sender="rank", kind="hello", seq=0, rank=0, session=session_id, counter=1,
+                    body={"rank": 0, "pad": b"x" * (2 << 20)},
+                )  # fmt: skip
+                huge.send_multipart([header, b"".join(chunks), signature])  # the payload as one 2 MiB frame
                 await asyncio.sleep(0.5)
                 huge.close()
             finally:
@@ -484,3 +495,22 @@ def test_oversized_message_from_a_peer_is_refused_by_zeromq_and_the_channel_goes
 def test_controller_rejects_a_non_positive_message_limit() -> None:
     with pytest.raises(ValueError, match="max_message_bytes"):
         new_controller(max_message_bytes=0)
+
+
+def test_queries_and_heartbeats_from_two_threads_are_never_refused_as_replays() -> None:
+    """The controller's loop (queries, commands) and heartbeat thread share each rank's event link: its counter
+    stays in send order, so no message of an honest peer is refused as a replay."""
+
+    async def body() -> int:
+        channel, secret, session_id = new_controller()
+        async with channel:
+            with rank_threads(channel, 2, secret, session_id):
+                await channel.wait_for_ranks(2, timeout_s=5.0)
+                for _ in range(30):
+                    answers = await channel.query_events(protocol.CURRENT_QUERY, timeout_s=2.0)
+                    assert sorted(answers) == [0, 1]
+                    await channel.broadcast("add", {"x": 1}, timeout_s=5.0)
+                await channel.shutdown_ranks()
+            return channel.dropped_messages
+
+    assert run(body, timeout_s=60.0) == 0

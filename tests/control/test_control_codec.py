@@ -62,7 +62,9 @@ def _bits(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _signed(payload: bytes) -> list[bytes]:
-    return protocol.encode(SECRET, kind="result", seq=9, rank=1, session=SESSION, payload=payload)
+    return protocol.encode(
+        SECRET, sender="rank", counter=1, kind="result", seq=9, rank=1, session=SESSION, payload=payload
+    )
 
 
 def _payload(tree: Any, buffers: bytes = b"") -> bytes:
@@ -274,7 +276,7 @@ def test_every_body_the_code_base_sends_round_trips(tmp_path: Path) -> None:
     }
 
     for name, body in bodies.items():
-        decoded = protocol.decode(SECRET, _signed(protocol.dumps_body(body))).body
+        decoded = protocol.decode(SECRET, _signed(protocol.dumps_body(body)), sender="rank").body
         _assert_same(decoded, body)
         assert name
 
@@ -352,7 +354,7 @@ class _RunsShell:
 
 def _decode_fails(payload: bytes) -> PayloadError:
     with pytest.raises(PayloadError) as info:
-        protocol.decode(SECRET, _signed(payload), session=SESSION)
+        protocol.decode(SECRET, _signed(payload), sender="rank", session=SESSION)
     assert isinstance(info.value, ProtocolError)
     assert info.value.header is not None and info.value.header["seq"] == 9
     assert isinstance(info.value.__cause__, PayloadError)
@@ -365,7 +367,7 @@ def test_decode_of_an_authentic_code_running_pickle_raises_payload_error_and_run
 
     _decode_fails(exploit)
     _decode_fails(_payload(exploit))  # behind a valid prefix, as if it were the JSON
-    body = protocol.decode(SECRET, _signed(codec.encode({"blob": exploit})), session=SESSION).body
+    body = protocol.decode(SECRET, _signed(codec.encode({"blob": exploit})), sender="rank", session=SESSION).body
 
     assert body == {"blob": exploit}  # carried as bytes, never loaded
     assert not marker.exists()

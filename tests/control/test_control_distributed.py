@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import pytest
+import zmq
 from _control_helpers import new_controller, rank_processes, run
 
 from rlsdk.control import RankError
@@ -108,3 +109,20 @@ def test_rank_process_exits_with_status_3_when_the_controller_goes_away() -> Non
             return [process.exitcode for process in processes]
 
     assert run(body, timeout_s=30.0) == [3]
+
+
+@pytest.mark.skipif(not zmq.has("curve"), reason="this libzmq has no CURVE; the TCP channel refuses to start")
+def test_tcp_channel_with_curve_serves_rank_processes_that_hold_the_secret() -> None:
+    async def body() -> tuple[str, list[Any]]:
+        channel, _, _ = new_controller(host="127.0.0.1")
+        async with channel:
+            with rank_processes(channel.rank_environment(heartbeat_timeout_s=30.0), 2):
+                await channel.wait_for_ranks(2, timeout_s=SPAWN_TIMEOUT_S)
+                added = await channel.broadcast("add", {"x": 5}, timeout_s=5.0)
+                await channel.shutdown_ranks()
+        return channel.address, added
+
+    address, added = run(body, timeout_s=30.0)
+
+    assert address.startswith("tcp://127.0.0.1:")
+    assert added == [5, 6]

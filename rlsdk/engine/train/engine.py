@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -74,6 +75,7 @@ def publish_safetensors(
     loader checksums what it loaded.
     """
     os.makedirs(publish_dir, exist_ok=True)
+    _check_publish_dir(publish_dir)
     path = os.path.join(publish_dir, f"v{version}.safetensors")
     existing = sorted(
         (p for p in Path(publish_dir).glob("v*.safetensors") if p.name[1:-12].isdigit() and p.is_file()),
@@ -98,6 +100,16 @@ def publish_safetensors(
     return path
 
 
+def _check_publish_dir(publish_dir: str) -> None:
+    """Refuse to publish into a directory another user could plant files or links in (see docs/security.md)."""
+    info = os.lstat(publish_dir)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o022:
+        raise PermissionError(
+            f"publish directory {publish_dir!r} must be a directory (not a link) of this user that no one else may "
+            f"write to (mode {oct(stat.S_IMODE(info.st_mode))}, uid {info.st_uid})"
+        )
+
+
 def _rewrite_in_place(path: str, state_dict: dict[str, torch.Tensor]) -> bool:
     """Overwrite the tensor bytes of the safetensors file at ``path`` with ``state_dict``'s when its header has
     exactly their layout (see :func:`publish_safetensors`); False (nothing written) when it does not."""
@@ -105,9 +117,13 @@ def _rewrite_in_place(path: str, state_dict: dict[str, torch.Tensor]) -> bool:
     import json
     import struct
 
-    fd = os.open(path, os.O_RDWR)  # never O_TRUNC: the file keeps its pages (and any reader's mapping stays valid)
+    # Never O_TRUNC: the file keeps its pages (and any reader's mapping stays valid). Never through a link.
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        size = os.fstat(fd).st_size
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            return False
+        size = info.st_size
         if size < 8:
             return False
         (header_len,) = struct.unpack("<Q", os.pread(fd, 8, 0))

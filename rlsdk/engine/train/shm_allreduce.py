@@ -20,7 +20,8 @@ announces it with a counter, waits for the others' counters, and reduces every s
   never on the rank, so all ranks take the same path.
 
 The segment lives in ``/dev/shm`` only while the ranks attach: rank 0 unlinks it once every rank has mapped it,
-so nothing is left behind when a rank is killed.
+so nothing is left behind when a rank is killed. Rank 0 creates it 0600 (``O_EXCL | O_NOFOLLOW``); the other ranks
+map only what :func:`open_segment` accepts (prefix, no symbolic link, owner, mode, size), whatever the store says.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import mmap
 import os
 import platform
 import socket
+import stat
 import time
 import uuid
 from collections.abc import Callable
@@ -44,7 +46,7 @@ from rlsdk.observe.logging import get_logger
 
 logger = get_logger(__name__)
 
-__all__ = ["SLOT_BYTES", "SharedMemoryAllreduce", "host_identity"]
+__all__ = ["SEGMENT_PREFIX", "SLOT_BYTES", "SharedMemoryAllreduce", "host_identity", "open_segment"]
 
 SLOT_BYTES = 4 << 20
 """Bytes of one rank's slot: a tensor larger than this is reduced in chunks of this size."""
@@ -54,6 +56,8 @@ _SPIN_S = 0.002  # spin (with sched_yield) this long before napping
 _NAP_S = 50e-6
 _PEER_CHECK_S = 0.1
 _KEY = "rlsdk_shm_allreduce"
+SEGMENT_PREFIX = "rlsdk-allreduce-"
+"""File name prefix of the segments in :func:`~rlsdk.engine.publish_dir.default_root`."""
 
 _REDUCERS: dict[str, Callable[[torch.Tensor, torch.Tensor], Any]] = {
     "SUM": torch.Tensor.add_,
@@ -74,6 +78,42 @@ _DTYPES = (
     torch.int32,
     torch.int64,
 )
+
+
+def open_segment(path: str, nbytes: int) -> int:
+    """Open the segment rank 0 published for mapping; returns the file descriptor.
+
+    The path comes from the process group's store, so it is checked before anything is mapped: a file named
+    ``rlsdk-allreduce-*`` directly in :func:`~rlsdk.engine.publish_dir.default_root`, opened without following a
+    symbolic link (``O_NOFOLLOW``), a regular file of this user that no one else may read or write, of exactly the
+    segment's size. A rank never maps another user's file, or one of this user's files it was pointed at.
+
+    Raises:
+        PermissionError: any check fails; the message names the path and the check.
+    """
+    root, name = os.path.split(path)
+    if root != default_root() or not name.startswith(SEGMENT_PREFIX) or name in (".", ".."):
+        raise PermissionError(
+            f"shared-memory segment {path!r} refused: not a {SEGMENT_PREFIX}* file directly in {default_root()}"
+        )
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise PermissionError(f"shared-memory segment {path!r} refused: {exc} (a symbolic link?)") from exc
+    info = os.fstat(fd)
+    problem = ""
+    if not stat.S_ISREG(info.st_mode):
+        problem = "not a regular file"
+    elif info.st_uid != os.getuid():
+        problem = f"owned by uid {info.st_uid}, not this user ({os.getuid()})"
+    elif stat.S_IMODE(info.st_mode) & 0o077:
+        problem = f"mode {oct(stat.S_IMODE(info.st_mode))} lets other users in"
+    elif info.st_size != nbytes:
+        problem = f"{info.st_size} bytes, the segment has {nbytes}"
+    if problem:
+        os.close(fd)
+        raise PermissionError(f"shared-memory segment {path!r} refused: {problem}")
+    return fd
 
 
 def host_identity() -> str:
@@ -139,8 +179,8 @@ class SharedMemoryAllreduce:
                 reason = f"{machine} is not x86-64 (its memory model needs fences this code does not issue)"
             else:
                 reason = ""
-                path = os.path.join(default_root(), f"rlsdk-allreduce-{os.getpid()}-{uuid.uuid4().hex[:12]}")
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+                path = os.path.join(default_root(), f"{SEGMENT_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
                 try:
                     os.ftruncate(fd, size * _HEADER_PER_RANK + 2 * size * slot_bytes)
                 finally:
@@ -153,7 +193,7 @@ class SharedMemoryAllreduce:
         if not path:
             return None
         try:
-            fd = os.open(path, os.O_RDWR)
+            fd = open_segment(path, size * _HEADER_PER_RANK + 2 * size * slot_bytes)
             try:
                 buffer = mmap.mmap(fd, 0)
             finally:
