@@ -321,6 +321,7 @@ class Session:
                 "traces_dir": self.output_dir / "traces",
                 "world_size": cfg.launch.num_ranks,
                 "on_report": self._record_trace,
+                "trace_poll_s": cfg.launch.trace_poll_s,
             }
         self._channel = channel_cls(
             secret,
