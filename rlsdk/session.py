@@ -1262,6 +1262,8 @@ class Session:
         last batch's staleness verdict (``last_batch``: see :func:`rlsdk.observe.status.last_batch_staleness`),
         the latest collective trace's headline (``trace``) and a command the watchdog reported hung (``hung``),
         for humans and dashboards."""
+        from rlsdk.observe.status import diverged_at
+
         ages = self._channel.heartbeat_ages() if self._channel is not None else {}
         current = self._channel.current_commands() if self._channel is not None else {}
         progress = self._channel.command_progress() if self._channel is not None else {}
@@ -1286,7 +1288,12 @@ class Session:
             "step": self.step,
             "trace": None
             if trace is None
-            else {"time": self.last_trace_time, "ok": trace.ok, "headline": str(trace).splitlines()[0]},
+            else {
+                "time": self.last_trace_time,
+                "ok": trace.ok,
+                "headline": str(trace).splitlines()[0],
+                "diverged": diverged_at(trace),
+            },
             "hung": None
             if self.hung_command is None
             else {
