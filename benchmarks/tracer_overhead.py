@@ -9,10 +9,16 @@
    traced group vs plain gloo group, interleaved step by step. Target: ratio <= 1.02.
 
 4. The default recipe's step (``recipes/grpo_reverse.py``'s config: rollout -> reward -> update -> sync on 2
-   background ranks) through two live Sessions, ``launch.tracer=True`` (the traced group and the hang watchdog)
-   and ``launch.tracer=False``, same model init and seed, stepped alternately (ABBA order per round so neither
-   always goes first). Target: ratio <= 1.02. Reported as the ratio of medians and the median of per-round
-   ratios.
+   background ranks) through live Sessions, ``launch.tracer=True`` (the traced group and the hang watchdog with
+   its live checks: the default config) and ``launch.tracer=False``, same model init and seed, stepped in turn
+   (the order rotates every round and reverses every other round, so none always goes first). Target: ratio
+   <= 1.02. Reported as the ratio of medians and the median of per-round ratios.
+5. The live checks' cost on the same step: ``launch.trace_poll_s`` at its default (on) vs ``None`` (off), both
+   with the tracer, interleaved with (4) in the same rounds. Target: ratio <= 1.01. A check runs only while a
+   command has run ``trace_poll_s``, so on this recipe it mostly costs the timer; (6) prices a check itself.
+6. One live check's cost on a rank: :meth:`Tracer.poll` plus encoding its answer, with a full ring buffer
+   (4,096 records): the first poll of a command (up to ``POLL_LIMIT`` records) and a later one (nothing new),
+   next to the full ``trace`` snapshot it replaces.
 
 Shared, noisy machine: quote ratios and medians.
 
@@ -126,8 +132,19 @@ def _recipe_config() -> Any:
     return module.config()
 
 
+# Launch overrides of the Sessions compared in (4) and (5): tracer off; tracer on without live checks; the default.
+VARIANTS: dict[str, dict[str, Any]] = {"off": {"tracer": False}, "no_poll": {"trace_poll_s": None}, "on": {}}
+
+
+def _order(index: int) -> list[str]:
+    names = list(VARIANTS)
+    shift = index % len(names)
+    names = names[shift:] + names[:shift]
+    return names if (index // len(names)) % 2 == 0 else names[::-1]
+
+
 async def recipe_step_s(rounds: int, warmup: int) -> dict[str, list[float]]:
-    """Per-step seconds of the default recipe through a tracer-on and a tracer-off Session, stepped alternately."""
+    """Per-step seconds of the default recipe through one Session per :data:`VARIANTS`, stepped in turn."""
     from rlsdk import Session
     from rlsdk.data import build_tiny_policy
     from rlsdk.rewards import reverse_reward
@@ -137,20 +154,20 @@ async def recipe_step_s(rounds: int, warmup: int) -> dict[str, list[float]]:
     model_dir = root / "policy"
     build_tiny_policy(model_dir, seed=base.seed)
     sessions: dict[str, Any] = {}
-    times: dict[str, list[float]] = {"off": [], "on": []}
+    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     try:
-        for name, tracer in (("off", False), ("on", True)):
+        for name, launch in VARIANTS.items():
             config = dataclasses.replace(
                 base,
                 model=dataclasses.replace(base.model, path=str(model_dir)),
-                launch=dataclasses.replace(base.launch, tracer=tracer),
+                launch=dataclasses.replace(base.launch, **launch),
                 observe=dataclasses.replace(
                     base.observe, output_dir=str(root / name), console=False, tensorboard=False, log_level="WARNING"
                 ),
             )
             sessions[name] = await Session.start(config)
         for index in range(warmup + rounds):
-            for name in ("off", "on") if index % 2 == 0 else ("on", "off"):
+            for name in _order(index):
                 session = sessions[name]
                 start = time.perf_counter()
                 rollout = await session.rollout()
@@ -163,6 +180,38 @@ async def recipe_step_s(rounds: int, warmup: int) -> dict[str, list[float]]:
         for session in sessions.values():
             await session.close()
     return times
+
+
+def poll_cost_ms(repeats: int) -> dict[str, Any]:
+    """(6): milliseconds to answer one live check (``Tracer.poll`` + encoding) with a full ring buffer, first and
+    incremental, and the full ``trace`` snapshot for comparison."""
+    import torch
+
+    from rlsdk.control import codec
+    from rlsdk.debug.tracer import POLL_LIMIT, Tracer
+
+    tracer = Tracer(4096)
+    tensors = [torch.ones(4)]
+
+    def user_step() -> None:  # a user frame as the call site, as in training code
+        for _ in range(tracer.capacity):
+            tracer.record("0", False, "allreduce", tensors, "SUM", None, True)[13] = time.monotonic()
+
+    user_step()
+    figures: dict[str, list[float]] = {"first_poll": [], "next_poll": [], "full_snapshot": []}
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        answer = tracer.poll(None, [])
+        codec.encode(answer)
+        t1 = time.perf_counter()
+        codec.encode(tracer.poll(tracer.count, []))
+        t2 = time.perf_counter()
+        codec.encode(tracer.snapshot())
+        t3 = time.perf_counter()
+        figures["first_poll"].append((t1 - t0) * 1e3)
+        figures["next_poll"].append((t2 - t1) * 1e3)
+        figures["full_snapshot"].append((t3 - t2) * 1e3)
+    return {name: _stats(samples) for name, samples in figures.items()} | {"poll_limit": POLL_LIMIT}
 
 
 def main() -> None:
@@ -192,20 +241,35 @@ def main() -> None:
         f"  DDP MLP step: gloo {step['gloo']['median'] * 1e3:.2f} ms, traced {step['traced']['median'] * 1e3:.2f} ms,"
         f" ratio {ratio:.3f} (target <= 1.02)"
     )
+    poll = poll_cost_ms(5 if args.quick else 50)
+    print(
+        f"  live check answered by a rank (4,096 records): first {poll['first_poll']['median']:.2f} ms, next "
+        f"{poll['next_poll']['median']:.3f} ms; full trace snapshot {poll['full_snapshot']['median']:.1f} ms"
+    )
     recipe: dict[str, Any] | None = None
+    live: dict[str, Any] | None = None
     if not args.skip_recipe:
         times = asyncio.run(recipe_step_s(rounds, warmup))
-        paired = [on / off for on, off in zip(times["on"], times["off"], strict=True)]
-        recipe = {
-            "step_s": {name: _stats(samples) for name, samples in times.items()},
-            "ratio_of_medians": statistics.median(times["on"]) / statistics.median(times["off"]),
-            "median_paired_ratio": statistics.median(paired),
-            "rounds": rounds,
-        }
+
+        def compare(on: str, off: str) -> tuple[float, float]:
+            paired = [a / b for a, b in zip(times[on], times[off], strict=True)]
+            return statistics.median(times[on]) / statistics.median(times[off]), statistics.median(paired)
+
+        steps = {name: _stats(samples) for name, samples in times.items()}
+        ratio_of_medians, paired_ratio = compare("on", "off")
+        recipe = {"step_s": steps, "ratio_of_medians": ratio_of_medians, "median_paired_ratio": paired_ratio,
+                  "rounds": rounds}  # fmt: skip
+        poll_ratio, poll_paired = compare("on", "no_poll")
+        live = {"ratio_of_medians": poll_ratio, "median_paired_ratio": poll_paired, "rounds": rounds}
         print(
-            f"  default recipe step: tracer off {recipe['step_s']['off']['median'] * 1e3:.1f} ms, on "
-            f"{recipe['step_s']['on']['median'] * 1e3:.1f} ms, ratio {recipe['ratio_of_medians']:.3f} "
-            f"(median paired {recipe['median_paired_ratio']:.3f}; target <= 1.02; {rounds} rounds)"
+            f"  default recipe step: tracer off {steps['off']['median'] * 1e3:.1f} ms, on "
+            f"{steps['on']['median'] * 1e3:.1f} ms, ratio {ratio_of_medians:.3f} "
+            f"(median paired {paired_ratio:.3f}; target <= 1.02; {rounds} rounds)"
+        )
+        print(
+            f"  live checks: trace_poll_s off {steps['no_poll']['median'] * 1e3:.1f} ms, on "
+            f"{steps['on']['median'] * 1e3:.1f} ms, ratio {poll_ratio:.3f} (median paired {poll_paired:.3f}; "
+            "target <= 1.01)"
         )
     write_json(
         args.json,
@@ -215,6 +279,8 @@ def main() -> None:
             "ddp_step_s": step,
             "ddp_step_ratio": ratio,
             "recipe": recipe,
+            "live_check": live,
+            "poll_ms": poll,
             "quick": args.quick,
         },
     )

@@ -412,6 +412,7 @@ class Session:
                 "traces_dir": self.output_dir / "traces",
                 "world_size": cfg.launch.num_ranks,
                 "on_report": self._record_trace,
+                "trace_poll_s": cfg.launch.trace_poll_s,
             }
         self._channel = channel_cls(
             secret,
@@ -1553,6 +1554,8 @@ class Session:
         last batch's staleness verdict (``last_batch``: see :func:`rlsdk.observe.status.last_batch_staleness`),
         the latest collective trace's headline (``trace``) and a command the watchdog reported hung (``hung``),
         for humans and dashboards."""
+        from rlsdk.observe.status import diverged_at
+
         ages = self._channel.heartbeat_ages() if self._channel is not None else {}
         current = self._channel.current_commands() if self._channel is not None else {}
         progress = self._channel.command_progress() if self._channel is not None else {}
@@ -1577,7 +1580,12 @@ class Session:
             "step": self.step,
             "trace": None
             if trace is None
-            else {"time": self.last_trace_time, "ok": trace.ok, "headline": str(trace).splitlines()[0]},
+            else {
+                "time": self.last_trace_time,
+                "ok": trace.ok,
+                "headline": str(trace).splitlines()[0],
+                "diverged": diverged_at(trace),
+            },
             "hung": None
             if self.hung_command is None
             else {

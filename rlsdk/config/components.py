@@ -104,6 +104,12 @@ class LaunchConfig:
             a shared-memory segment instead of gloo's TCP loopback: every rank reduces in rank order, so all get
             the same bits (see docs/architecture.md). Ranks on different hosts, non-x86-64 machines and
             other collectives use gloo. False: every collective on gloo.
+        trace_poll_s: Seconds between live checks of a running rank command's collective traces (needs tracer);
+            the first check runs this long after the command starts. A certain divergence (a mismatch at one
+            sequence number, or a collective or point-to-point call whose counterpart ranks finished the
+            command, died or are blocked for good; see docs/howto/debug-hang.md) seen on two checks in a row is
+            reported at once as hang_policy says, without waiting for hang_timeout_s. Uncertain states (a
+            straggler) still wait for hang_timeout_s. None = no live checks; else > 0.
     """
 
     num_ranks: int = 2
@@ -138,6 +144,7 @@ class LaunchConfig:
     ray_address: str | None = None
     simulate_nodes_on_loopback: bool = False
     shm_allreduce: bool = True
+    trace_poll_s: float | None = 1.0
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -145,6 +152,12 @@ class LaunchConfig:
         self._check_topology()
         require(self, "hang_timeout_s", self.hang_timeout_s is None or self.hang_timeout_s > 0, "None or a float > 0")
         require(self, "pg_timeout_s", self.pg_timeout_s is None or self.pg_timeout_s > 0, "None or a float > 0")
+        require(
+            self,
+            "trace_poll_s",
+            self.trace_poll_s is None or self.trace_poll_s > 0,
+            "None or a finite float > 0",
+        )
         require(self, "threads_per_rank", self.threads_per_rank >= 1, "an int >= 1")
         require(self, "start_timeout_s", self.start_timeout_s > 0, "a finite float > 0")
         require(self, "heartbeat_interval_s", self.heartbeat_interval_s > 0, "a finite float > 0")

@@ -24,6 +24,26 @@ peer can pair the wrong messages, though the counts stay right. A pair whose sha
 caller waits; ``straggler`` when the peer still computes; ``crashed rank`` when it died. A missing/extra
 collective whose lagging rank is stuck in an unmatched p2p call is reported as that p2p divergence, which
 explains it (e.g. rank 0 waits in ``recv`` from 1 while rank 1 waits in an ``allreduce`` rank 0 never reaches).
+More generally, a missing/extra collective whose lagging ranks are all blocked in the calls of another
+divergence is explained by that one, which is reported instead (a rank stuck in its tensor-parallel group is
+absent from its data-parallel group's next collective).
+
+``all_to_all_single`` inputs may differ in length across ranks: their first dimension is left out of the
+signature, and the split sizes are checked instead (rank i's input split for j must equal rank j's output split
+for i): a mismatch is a ``shape mismatch`` naming both ranks.
+
+**Certainty** (``Divergence.certain``; the rules in :mod:`rlsdk.debug.facts`): every mismatch at one sequence
+number (op, shape, dtype, reduce op, source, split sizes; a send/recv pair whose tensors differ) is certain; a
+missing/extra collective or an unmatched p2p call is certain when every rank that would have to issue the
+counterpart is dead, has finished the command (or moved past it to a later one), or is blocked for good; a
+crashed rank is certain when its process is known to be gone. A straggler never is. The live check reports
+certain divergences at once and leaves the rest to ``launch.hang_timeout_s``; ``evidence`` names the blocked
+ranks whose unchanged state the certainty rests on.
+
+**History** (``Divergence.history``): the first sequence number of the divergence's group, within what every
+ring buffer still holds, whose call sites differ across ranks (the ranks took different code paths there,
+possibly many clean steps before the divergence, with matching tensors), and the last collective before it that
+every rank issued from the same call site with the same tensors.
 """
 
 from __future__ import annotations
@@ -35,6 +55,9 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from rlsdk.debug.facts import ALL_TO_ALL, RankFacts
+from rlsdk.debug.facts import signature as _signature
 
 __all__ = [
     "KINDS",
@@ -73,8 +96,16 @@ class Divergence:
         seq: per-group sequence number of the diverging call (p2p: the p2p sequence number, on the rank of the
             first side, of the unmatched call or of the send).
         sides: one entry per rank involved: ``rank``, ``record`` (the rank's call at ``seq``, or its last call
-            in the group when it has none) and ``state`` (``waiting``, ``done``, ``idle``, ``busy``, ``crashed``).
+            in the group when it has none), ``state`` (``waiting``, ``done``, ``idle``, ``busy``, ``crashed``)
+            and, for a rank not waiting in a call when its stacks are known, ``main_stack`` (the innermost
+            frames of its main thread: where it computes or blocks outside any collective).
         message: one line for humans.
+        certain: no future action of any rank can resolve it (see the module docstring).
+        evidence: ranks whose blocked state the certainty rests on (a live check wants them unchanged across two
+            polls); empty when it rests on issued calls, finished commands or dead processes only.
+        history: ``first_difference`` (the first ``seq`` of the group whose call sites differ, with
+            ``command``, ``command_seq`` and ``sites`` by rank; ``None`` when they never differ),
+            ``last_agreed`` (the last record before it that every rank issued alike) and ``window_start``.
     """
 
     kind: str
@@ -83,6 +114,16 @@ class Divergence:
     seq: int
     sides: list[dict[str, Any]]
     message: str
+    certain: bool = False
+    evidence: list[int] = field(default_factory=list)
+    history: dict[str, Any] | None = None
+
+    def headline(self) -> str:
+        """``diverged at group G seq S: KIND on rank(s) [...] (op at file:line, command C #N)``."""
+        rec = next((side["record"] for side in self.sides if side.get("record")), None) or {}
+        where = f"{rec.get('op')} at {rec.get('site')}" if rec else "no call"
+        command = f", command {rec.get('command')} #{rec.get('command_seq')}" if rec.get("command") else ""
+        return f"diverged at group {self.group} seq {self.seq}: {self.kind} on rank(s) {self.ranks} ({where}{command})"
 
 
 @dataclass
@@ -117,6 +158,15 @@ class TraceReport:
                 lines.append(f"  rank {side['rank']} [{side['state']}]: {_describe(side.get('record'))}")
                 stack = (side.get("record") or {}).get("stack") or []
                 lines.extend(f"      {frame}" for frame in stack[1:3])
+                if side.get("main_stack"):
+                    lines.append("      main thread now:")
+                    lines.extend(f"        {line}" for frame in side["main_stack"] for line in frame.splitlines())
+            if div.certain:
+                lines.append(
+                    "  certain: no rank can resolve it"
+                    + (f" (ranks {div.evidence} are blocked for good)" if div.evidence else "")
+                )
+            lines.extend(_history_lines(div.history))
         lines.append("per rank: rank | state | last group:seq op | call site | age (s) | command")
         for row in self.summary:
             age = "-" if row["age_s"] is None else f"{row['age_s']:.1f}"
@@ -148,14 +198,23 @@ class TraceReport:
         )
 
 
-def _signature(rec: Mapping[str, Any]) -> tuple[Any, ...]:
-    return (
-        rec["op"],
-        tuple(map(tuple, rec["shapes"])),
-        tuple(rec["dtypes"]),
-        rec.get("reduce_op"),
-        rec.get("root"),
-    )
+def _history_lines(history: Mapping[str, Any] | None) -> list[str]:
+    if not history:
+        return []
+    lines = []
+    first = history.get("first_difference")
+    if first is not None:
+        sites = "; ".join(f"rank {rank} at {site}" for rank, site in sorted(first["sites"].items()))
+        lines.append(
+            f"  history: the ranks' call sites first differ at group {first['group']} seq {first['seq']} "
+            f"(command {first['command']} #{first['command_seq']}): {sites}"
+        )
+    last = history.get("last_agreed")
+    if last is not None:
+        lines.append(f"  last collective every rank agrees on: {_describe(last)}")
+    elif first is not None:
+        lines.append(f"  (they differ from the oldest record every ring buffer holds, seq {history['window_start']})")
+    return lines
 
 
 def _describe(rec: Mapping[str, Any] | None) -> str:
@@ -168,8 +227,13 @@ def _describe(rec: Mapping[str, Any] | None) -> str:
         extra += f" reduce={rec['reduce_op']}"
     if rec.get("root") is not None:
         extra += f" {'peer' if rec.get('p2p') else 'src'}={rec['root']}"
+    if rec.get("splits"):
+        extra += f" splits in={list(rec['splits'][0])} out={list(rec['splits'][1])}"
     command = f" (command {rec.get('command')} #{rec.get('command_seq')})" if rec.get("command") else ""
-    return f"{rec['op']} seq {rec['seq']} shapes=[{shapes}] dtypes=[{dtypes}]{extra} at {rec.get('site')}{command}"
+    thread = f" [thread {rec['thread_name']}]" if rec.get("thread_name") else ""
+    return (
+        f"{rec['op']} seq {rec['seq']} shapes=[{shapes}] dtypes=[{dtypes}]{extra} at {rec.get('site')}{thread}{command}"
+    )
 
 
 def _rank_state(state: Mapping[str, Any]) -> str:
@@ -196,41 +260,31 @@ def analyze(
     states: Mapping[int, Mapping[str, Any]],
     *,
     site_check: SiteCheck | None = None,
+    acknowledged: Mapping[str, int] | None = None,
 ) -> TraceReport:
     """Find the first divergence between the ranks' records (see the module docstring).
 
     Args:
-        states: rank -> state (a tracer snapshot, or a crashed-rank entry).
+        states: rank -> state (a tracer snapshot, a live poll's view, or a crashed-rank entry; ``dead: True`` in a
+            crashed entry says the process is known to be gone).
         site_check: ``"file:line" -> bool``: is that call inside a rank-conditional branch? Used to tell an
             extra collective from an op mismatch with two ranks. Default: parse the file with
             :mod:`rlsdk.debug.lint` (``False`` when it cannot be read).
+        acknowledged: group -> sequence number up to which its collectives are not compared: a divergence there
+            was reported and the ranks got past it (a silently wrong result), so the next one can be found.
     """
     check = site_check or _default_site_check
+    floors = acknowledged or {}
     ranks = sorted(states)
-    found: list[tuple[float, Divergence]] = []
-    p2p_found: list[tuple[float, Divergence]] = []
+    facts = RankFacts(states, lambda group: _members(states, group))
+    found: list[Divergence] = []
     for group in sorted({rec["group"] for st in states.values() for rec in st.get("records", ())}):
         members = _members(states, group)
-        for div, into in (
-            (_compare_group(states, group, members, check), found),
-            (_match_p2p(states, group), p2p_found),
-        ):
+        compared = _compare_group(states, group, members, check, facts, floors.get(group, 0))
+        for div in (compared, _match_p2p(states, group, facts)):
             if div is not None:
-                into.append((_first_start(div), div))
-    if p2p_found:
-        # a rank stuck in a p2p call is absent from the next collective: the p2p divergence is the cause
-        stuck_in_p2p = {
-            rank
-            for rank, st in states.items()
-            if any(_pending(rec) and rec.get("p2p") for rec in st.get("records", ()))
-        }
-        found = [
-            item
-            for item in found
-            if item[1].kind not in _ABSENCE_KINDS or not {side["rank"] for side in item[1].sides} & stuck_in_p2p
-        ]
-    found += p2p_found
-    divergence = min(found, key=lambda item: item[0])[1] if found else None
+                found.append(div)
+    divergence = _root_cause(states, found)
     if divergence is None:
         dead = [rank for rank in ranks if states[rank].get("crashed")]
         if dead:
@@ -241,11 +295,109 @@ def analyze(
                 0,
                 [{"rank": r, "record": _last(states[r].get("records", [])), "state": "crashed"} for r in dead],
                 f"rank(s) {dead} died or stopped answering ({states[dead[0]].get('detail', 'no detail')})",
+                certain=all(facts.dead(rank) for rank in dead),
             )
+    if divergence is not None:
+        divergence.history = _history(states, divergence, facts)
+        for side in divergence.sides:
+            if side["state"] == "busy":  # computing or blocked outside any collective: where?
+                stack = _main_stack(states[side["rank"]])
+                if stack:
+                    side["main_stack"] = stack
     return TraceReport(divergence, {r: dict(states[r]) for r in ranks}, _summary(states))
 
 
 _ABSENCE_KINDS = ("missing collective", "extra collective", "straggler")
+
+
+def _waiting_calls(states: Mapping[int, Mapping[str, Any]], div: Divergence) -> set[tuple[int, str, bool, int]]:
+    """The pending calls a divergence is about: (rank, group, p2p, seq)."""
+    if any(side.get("record") and side["record"].get("p2p") for side in div.sides[:1]):
+        rec = div.sides[0]["record"]
+        return {(div.sides[0]["rank"], rec["group"], True, rec["seq"])}
+    return {
+        (rank, div.group, False, div.seq)
+        for rank, state in states.items()
+        for rec in state.get("records", ())
+        if rec["group"] == div.group and not rec.get("p2p") and rec["seq"] == div.seq and _pending(rec)
+    }
+
+
+def _root_cause(states: Mapping[int, Mapping[str, Any]], found: list[Divergence]) -> Divergence | None:
+    """The divergence to report among one per group (collectives) and one per group (p2p): drop a missing/extra
+    collective whose lagging ranks all wait in another divergence's calls (that one explains it); then prefer a
+    certain divergence; then the earliest."""
+    if not found:
+        return None
+    waiting = [_waiting_calls(states, div) for div in found]
+    kept = []
+    for index, div in enumerate(found):
+        if div.kind in _ABSENCE_KINDS:
+            others = set().union(*(calls for i, calls in enumerate(waiting) if i != index))
+            lagging = [side["rank"] for side in div.sides[1:]] if not div.sides[0]["record"].get("p2p") else []
+            pending = {
+                rank: {
+                    (rank, rec["group"], bool(rec.get("p2p")), rec["seq"])
+                    for rec in states[rank].get("records", ())
+                    if _pending(rec)
+                }
+                for rank in lagging
+            }
+            if lagging and all(pending[rank] & others for rank in lagging):
+                continue
+        kept.append(div)
+    kept = kept or found
+    return min(kept, key=lambda div: (not div.certain, _first_start(div)))
+
+
+def _main_stack(state: Mapping[str, Any], depth: int = 3) -> list[str]:
+    stacks = state.get("stacks") or {}
+    for name, frames in stacks.items():
+        if str(name).startswith("MainThread"):
+            return [str(frame).strip() for frame in list(frames)[-depth:]]
+    return []
+
+
+def _history(states: Mapping[int, Mapping[str, Any]], div: Divergence, facts: RankFacts) -> dict[str, Any] | None:
+    """See ``Divergence.history``: the group's first sequence number whose call sites differ across ranks, and
+    the last collective before it every rank issued alike, within what every ring buffer holds."""
+    members = [rank for rank in _members(states, div.group) if not states[rank].get("crashed")]
+    if len(members) < 2:
+        members = _members(states, div.group)
+    tables = {
+        rank: {
+            rec["seq"]: rec
+            for rec in states[rank].get("records", ())
+            if rec["group"] == div.group and not rec.get("p2p")
+        }
+        for rank in members
+    }
+    if not tables or not all(tables.values()):
+        return None
+    lo = max(min(table) for table in tables.values())
+    p2p = bool(div.sides and div.sides[0].get("record") and div.sides[0]["record"].get("p2p"))
+    upto = min(max(table) for table in tables.values()) + 1 if p2p or div.kind == "crashed rank" else div.seq
+    first: dict[str, Any] | None = None
+    last: dict[str, Any] | None = None
+    for seq in range(lo, upto):
+        recs = {rank: table.get(seq) for rank, table in tables.items()}
+        if any(rec is None for rec in recs.values()):
+            continue
+        if len({_signature(rec) for rec in recs.values()}) > 1:
+            break
+        sites = {rank: rec.get("site") for rank, rec in recs.items()}
+        if len(set(sites.values())) > 1:
+            ref = recs[min(recs)]
+            first = {
+                "group": div.group,
+                "seq": seq,
+                "command": ref.get("command"),
+                "command_seq": ref.get("command_seq"),
+                "sites": sites,
+            }
+            break
+        last = {key: value for key, value in recs[min(recs)].items() if key != "stack"}
+    return {"window_start": lo, "first_difference": first, "last_agreed": last}
 
 
 def _first_start(div: Divergence) -> float:
@@ -262,10 +414,14 @@ def _pending(rec: Mapping[str, Any]) -> bool:
 def _truncated(state: Mapping[str, Any]) -> bool:
     """Older records may be gone: a full ring buffer, or a crashed rank's short tail."""
     capacity = state.get("capacity")
-    return bool(state.get("crashed")) or (capacity is not None and len(state.get("records", ())) >= capacity)
+    return (
+        bool(state.get("crashed"))
+        or bool(state.get("truncated"))
+        or (capacity is not None and len(state.get("records", ())) >= capacity)
+    )
 
 
-def _match_p2p(states: Mapping[int, Mapping[str, Any]], group: str) -> Divergence | None:
+def _match_p2p(states: Mapping[int, Mapping[str, Any]], group: str, facts: RankFacts) -> Divergence | None:
     """Pair sends with receives in ``group`` (see the module docstring); the earliest divergence, or ``None``."""
     sends: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
     recvs: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
@@ -320,7 +476,7 @@ def _match_p2p(states: Mapping[int, Mapping[str, Any]], group: str) -> Divergenc
             if div is not None:
                 found.append((_first_start(div), div))
     for holder, peer, rec in unmatched:
-        div = _p2p_unmatched(states, group, holder, peer, rec)
+        div = _p2p_unmatched(states, group, holder, peer, rec, facts)
         if div is not None:
             found.append((_first_start(div), div))
     return min(found, key=lambda item: item[0])[1] if found else None
@@ -347,14 +503,22 @@ def _p2p_mismatch(
                 f"group {group} p2p #{k} from rank {src} to rank {dst}: send at {send.get('site')} {key}={a} "
                 f"(rank {src} p2p seq {send['seq']}), recv at {recv.get('site')} {key}={b} "
                 f"(rank {dst} p2p seq {recv['seq']})",
+                certain=True,
             )
     return None
 
 
 def _p2p_unmatched(
-    states: Mapping[int, Mapping[str, Any]], group: str, holder: int, peer: int, rec: dict[str, Any]
+    states: Mapping[int, Mapping[str, Any]],
+    group: str,
+    holder: int,
+    peer: int,
+    rec: dict[str, Any],
+    facts: RankFacts,
 ) -> Divergence | None:
     """A call without a counterpart: a divergence unless it is merely in flight (see the module docstring)."""
+    command_seq = rec.get("command_seq")
+    never, evidence = facts.never(int(command_seq)) if command_seq is not None else (frozenset(), frozenset())
     sending = rec["op"] == "send"
     what = f"{rec['op']} {'to' if sending else 'from'} rank {peer}" if peer >= 0 else f"{rec['op']} from any rank"
     where = f"group {group}, rank {holder} p2p seq {rec['seq']}" + (
@@ -364,6 +528,7 @@ def _p2p_unmatched(
         others = [rank for rank in sorted(states) if rank != holder]
         if not _pending(rec) or not others:
             return None
+        certain = all(rank in never for rank in others)
         return Divergence(
             "p2p unmatched",
             others,
@@ -371,6 +536,8 @@ def _p2p_unmatched(
             rec["seq"],
             [_side(states, holder, rec)] + [_p2p_peer_side(states, rank) for rank in others],
             f"rank {holder} waits in {what} at {rec.get('site')} ({where}); no rank sends to it",
+            certain=certain,
+            evidence=sorted(evidence) if certain else [],
         )
     peer_state = states[peer]
     sides = [_side(states, holder, rec), _p2p_peer_side(states, peer)]
@@ -384,12 +551,14 @@ def _p2p_unmatched(
             sides,
             f"rank {peer} died before the {counterpart} matching rank {holder}'s {what} at {rec.get('site')} "
             f"({where}; {peer_state.get('detail', '')})",
+            certain=facts.dead(peer),
         )
     peer_pending = [r for r in peer_state.get("records", ()) if _pending(r)]
     holder_pending = [r for r in states[holder].get("records", ()) if _pending(r)]
     command = (rec.get("command"), rec.get("command_seq"))
     same_command = (peer_state.get("command"), peer_state.get("command_seq")) == command and command[0] is not None
-    if not same_command:
+    not_started = command_seq is not None and facts.not_started(peer, int(command_seq))
+    if not same_command and not not_started:
         state = "finished it" if peer_state.get("command") is None else f"moved on to {peer_state.get('command')}"
         detail = f"rank {peer} {state}"
     elif peer_pending and holder_pending:
@@ -401,7 +570,7 @@ def _p2p_unmatched(
         ):
             return None
         detail = f"rank {peer} is stuck in {_describe(stuck)}"
-    elif not peer_pending and _pending(rec):
+    elif (not peer_pending or not_started) and _pending(rec):
         wait = _age(states[holder], rec)
         return Divergence(
             "straggler",
@@ -415,6 +584,7 @@ def _p2p_unmatched(
         )
     else:
         return None  # in flight: the peer may still post it
+    certain = peer in never
     return Divergence(
         "p2p unmatched",
         [peer],
@@ -422,6 +592,8 @@ def _p2p_unmatched(
         rec["seq"],
         sides,
         f"rank {holder}'s {what} at {rec.get('site')} ({where}) has no matching {counterpart} on rank {peer}: {detail}",
+        certain=certain,
+        evidence=sorted(evidence) if certain else [],
     )
 
 
@@ -444,7 +616,12 @@ def _last(records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
 
 
 def _compare_group(
-    states: Mapping[int, Mapping[str, Any]], group: str, members: list[int], check: SiteCheck
+    states: Mapping[int, Mapping[str, Any]],
+    group: str,
+    members: list[int],
+    check: SiteCheck,
+    facts: RankFacts,
+    floor: int = 0,
 ) -> Divergence | None:
     by_rank: dict[int, dict[int, dict[str, Any]]] = {
         rank: {
@@ -457,14 +634,57 @@ def _compare_group(
         return None
     lo = max(min(seqs) for seqs in nonempty)  # older records may have left a rank's ring buffer
     hi = max(max(seqs) for seqs in nonempty)
-    for seq in range(lo, hi + 1):
+    for seq in range(max(lo, floor + 1), hi + 1):
         present = {rank: seqs[seq] for rank, seqs in by_rank.items() if seq in seqs}
-        absent = [rank for rank in members if rank not in present]
+        # absent: has not issued it; a rank past it whose record is not in view (a partial view) is neither
+        absent = [rank for rank in members if rank not in present and facts.lacks(rank, group, seq)]
         sigs = Counter(_signature(rec) for rec in present.values())
         if len(sigs) > 1:
-            return _mismatch(states, group, seq, present, by_rank, check)
+            div = _mismatch(states, group, seq, present, by_rank, check)
+            div.certain = True  # both calls were issued at the same sequence number: nothing can make them match
+            return div
         if absent and present:
-            return _absence(states, group, seq, present, absent, by_rank, check)
+            return _absence(states, group, seq, present, absent, by_rank, check, facts)
+        if len(present) == len(members) and next(iter(present.values()))["op"] in ALL_TO_ALL:
+            div = _split_mismatch(states, group, seq, members, present)
+            if div is not None:
+                return div
+    return None
+
+
+def _split_mismatch(
+    states: Mapping[int, Mapping[str, Any]],
+    group: str,
+    seq: int,
+    members: list[int],
+    present: dict[int, dict[str, Any]],
+) -> Divergence | None:
+    """All-to-all: rank i's input split for j must equal rank j's output split for i (members in group order)."""
+    size = len(members)
+    splits = {}
+    for rank, rec in present.items():
+        value = rec.get("splits")
+        if not value or len(value) != 2:
+            return None
+        in_split, out_split = (list(part) for part in value)
+        if not in_split and rec["shapes"] and rec["shapes"][0]:
+            in_split = [rec["shapes"][0][0] // size] * size  # an even split
+        splits[rank] = (in_split, out_split)
+    for i, src in enumerate(members):
+        for j, dst in enumerate(members):
+            sent, expected = splits[src][0], splits[dst][1]
+            if len(sent) != size or len(expected) != size or sent[j] == expected[i]:
+                continue  # an unknown (even) output split is not checked
+            return Divergence(
+                "shape mismatch",
+                sorted({src, dst}),
+                group,
+                seq,
+                [_side(states, src, present[src]), _side(states, dst, present[dst])],
+                f"group {group} seq {seq} {present[src]['op']}: rank {src} sends {sent[j]} rows to rank {dst} "
+                f"(input_split_sizes {sent}), which expects {expected[i]} from it (output_split_sizes {expected})",
+                certain=True,
+            )
     return None
 
 
@@ -476,7 +696,12 @@ def _side(states: Mapping[int, Mapping[str, Any]], rank: int, rec: Mapping[str, 
         label = f"waiting {(_age(state, rec) or 0.0):.1f} s"
     else:
         label = _rank_state(state)
-    return {"rank": rank, "record": None if rec is None else dict(rec), "state": label}
+    record = None if rec is None else dict(rec)
+    thread = None if rec is None else rec.get("thread")
+    main = state.get("main_thread")
+    if record is not None and thread is not None and main is not None and thread != main:
+        record["thread_name"] = (state.get("threads") or {}).get(str(thread), str(thread))
+    return {"rank": rank, "record": record, "state": label}
 
 
 def _mismatch(
@@ -582,6 +807,7 @@ def _absence(
     absent: list[int],
     by_rank: dict[int, dict[int, dict[str, Any]]],
     check: SiteCheck,
+    facts: RankFacts,
 ) -> Divergence:
     ref_rank = min(present)
     ref = present[ref_rank]
@@ -607,8 +833,23 @@ def _absence(
             sides,
             f"rank(s) {dead} died before {ref['op']} at "
             f"{where}; {ref['site']} waits for them ({states[dead[0]].get('detail', '')})",
+            certain=all(facts.dead(rank) for rank in dead),
+        )
+    if all(states[rank].get("crashed") for rank in present):
+        # only dead ranks issued it: they died inside it (their tails say so), the others had not arrived yet
+        ranks = sorted(present)
+        return Divergence(
+            "crashed rank",
+            ranks,
+            group,
+            seq,
+            sides,
+            f"rank(s) {ranks} died in {ref['op']} at {ref['site']} ({where}; "
+            f"{states[ranks[0]].get('detail', '')}) before rank(s) {absent} reached it",
+            certain=all(facts.dead(rank) for rank in ranks),
         )
     command = (ref.get("command"), ref.get("command_seq"))
+    command_seq = ref.get("command_seq")
 
     def blocked_elsewhere(rank: int) -> bool:
         return any(rec.get("t_end") is None for rec in states[rank].get("records", ()))
@@ -616,9 +857,12 @@ def _absence(
     busy = [
         r
         for r in absent
-        if (states[r].get("command"), states[r].get("command_seq")) == command
-        and states[r].get("command") is not None
-        and not blocked_elsewhere(r)
+        if (
+            (states[r].get("command"), states[r].get("command_seq")) == command
+            and states[r].get("command") is not None
+            and not blocked_elsewhere(r)
+        )
+        or (command_seq is not None and facts.not_started(r, int(command_seq)))  # the command has not reached it
     ]
     if busy and len(busy) == len(absent):
         wait = _age(states[ref_rank], ref)
@@ -633,6 +877,9 @@ def _absence(
             f"while rank(s) {sorted(present)} wait{'' if wait is None else f' {wait:.1f} s'} "
             "(slow, not a desync)",
         )
+    never, evidence = facts.never(int(command_seq)) if command_seq is not None else (frozenset(), frozenset())
+    certain = all(rank in never for rank in absent)
+    proof = {"certain": certain, "evidence": sorted(evidence) if certain else []}
     if len(present) < len(absent) or (len(present) == len(absent) and check(str(ref.get("site")))):
         ranks = sorted(present)
         return Divergence(
@@ -642,6 +889,7 @@ def _absence(
             seq,
             sides,
             f"rank(s) {ranks} issued {ref['op']} at {ref['site']} ({where}) that rank(s) {absent} never issue",
+            **proof,
         )
     return Divergence(
         "missing collective",
@@ -651,6 +899,7 @@ def _absence(
         sides,
         f"rank(s) {absent} never issued "
         f"{ref['op']} at {ref['site']} ({where}); rank(s) {sorted(present)} wait for them",
+        **proof,
     )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import marshal
 import os
 import sys
@@ -62,25 +63,41 @@ FIELDS = (
     "t_start",  # time.monotonic() when the call was issued
     "t_end",  # when the call was seen completed (None: not completed when the snapshot was taken)
     "peer_seq",  # send/recv: 1-based count of this op kind between this rank and that peer in the group; else None
+    "splits",  # all_to_all_single: (input split sizes, output split sizes), () for an even split; else None
+    "sync",  # True: the issuing call waits for completion before returning (the thread is blocked while pending)
+    "thread",  # threading.get_ident() of the issuing thread
+    "index",  # 0-based position of the record among every record this process appended
 )
-"""Field names of a record, in order (records are tuples internally and dicts in snapshots)."""
+"""Field names of a record, in order (records are lists internally and dicts in snapshots)."""
 
 _T_END = FIELDS.index("t_end")
 _ROOT = FIELDS.index("root")
+_SYNC = FIELDS.index("sync")
+_THREAD = FIELDS.index("thread")
+_INDEX = FIELDS.index("index")
+POLL_LIMIT = 512
+"""Most new records one :meth:`Tracer.poll` returns (the newest ones): bounds the cost of a live check."""
 TAIL_SLOTS = 16
 """Records mirrored into the crash-safe tail file."""
 _TAIL_SLOT_BYTES = 1024
 _STACK_DEPTH = 4
+_get_ident = threading.get_ident
+# What the tail keeps of a record: no stack (code objects), no completion time (unknown when the rank dies).
+_TAIL_FIELDS = (*FIELDS[:11], "t_start", *FIELDS[14:])
 
 
 def _internal_prefixes() -> tuple[str, ...]:
     import torch
 
     prefixes = [os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep]
-    for name in ("accelerate", "transformers"):
+    # typing_extensions: torch's deprecated aliases (reduce_scatter_tensor, all_gather_into_tensor) are wrapped
+    # by its @deprecated, whose frame would otherwise be taken for the user's call site.
+    for name in ("accelerate", "transformers", "typing_extensions"):
         module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None):
-            prefixes.append(os.path.dirname(module.__file__) + os.sep)
+        path = getattr(module, "__file__", None) if module is not None else None
+        if path:
+            package = os.path.basename(path) == "__init__.py"
+            prefixes.append(os.path.dirname(path) + os.sep if package else path)
     return tuple(prefixes)
 
 
@@ -110,6 +127,14 @@ class Tracer:
         # (record, Work) of the latest calls: completion is polled; holding Work keeps its tensors alive, so the
         # bound is small.
         self.polled: deque[tuple[list[Any], Any]] = deque(maxlen=64)
+        # The latest synchronous call of each thread, polled at snapshot time however many calls came after: a
+        # pending one means that thread is blocked in it, which the analyser's certainty rules rely on.
+        self.blocking: dict[int, tuple[list[Any], Any]] = {}
+        self._indices = itertools.count()
+        self.count = 0
+        """Records appended since the tracer was created (the next record's ``index``)."""
+        self.last_command_seq: int | None = None
+        """Sequence number of the latest command this rank started (it stays set after the command ends)."""
 
     # ------------------------------------------------------------------ recording (hot path)
 
@@ -131,6 +156,8 @@ class Tracer:
         tensors: Sequence[Any],
         reduce_op: str | None,
         root: int | None,
+        sync: bool = False,
+        splits: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
     ) -> list[Any]:
         """Append one record and return it (the caller fills ``t_end`` on completion)."""
         key = (group, p2p)
@@ -159,6 +186,8 @@ class Tracer:
                 outer = outer.f_back
             stack = (frame.f_code.co_name, *frames)
         command, command_seq = self.command
+        index = next(self._indices)  # atomic: threads that record at once still get distinct indices
+        self.count = index + 1
         rec = [
             group,
             seq,
@@ -175,6 +204,10 @@ class Tracer:
             time.monotonic(),
             None,
             peer_seq,
+            splits,
+            sync,
+            _get_ident(),
+            index,
         ]
         self.records.append(rec)
         if self._tail is not None:
@@ -196,6 +229,8 @@ class Tracer:
                 if old_rec[_T_END] is None and old_work.is_completed():
                     _completed(old_rec, old_work, time.monotonic())
         polled.append((rec, work))
+        if rec[_SYNC]:
+            self.blocking[rec[_THREAD]] = (rec, work)
 
     # ------------------------------------------------------------------ crash-safe tail
 
@@ -214,7 +249,7 @@ class Tracer:
 
     def _write_tail(self, rec: list[Any]) -> None:
         try:
-            data = marshal.dumps((self.rank, *rec[:11], rec[12], rec[14]))
+            data = marshal.dumps((self.rank, *rec[:11], rec[12], *rec[14:]))  # _TAIL_FIELDS
         except ValueError:
             return
         if len(data) > _TAIL_SLOT_BYTES - 4:
@@ -228,12 +263,40 @@ class Tracer:
 
     # ------------------------------------------------------------------ reading (any thread)
 
-    def snapshot(self) -> dict[str, Any]:
-        """This rank's state as plain data: records (oldest first), groups, the current command, the clock."""
+    def _poll_completion(self) -> float:
         now = time.monotonic()
-        for rec, work in list(self.polled):
+        for rec, work in [*self.polled, *self.blocking.values()]:
             if rec[_T_END] is None and work.is_completed():
                 _completed(rec, work, now)  # completed at or before now
+        return now
+
+    def _state(self, now: float) -> dict[str, Any]:
+        """Everything but the records: clock, command, groups, heads, threads (see :meth:`snapshot`)."""
+        command, command_seq = self.command
+        return {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "now": now,
+            "wall_time": time.time(),
+            "command": command,
+            "command_seq": command_seq,
+            "last_command_seq": self.last_command_seq,
+            "capacity": self.capacity,
+            "count": self.count,
+            "groups": dict(self.groups),
+            # last sequence number per group: collectives, and p2p calls per (op, peer), also for records that
+            # left the ring buffer (a rank is absent from seq N only if its head is below N)
+            "heads": {group: seq for (group, p2p), seq in list(self._seq.items()) if not p2p},
+            "peer_heads": {f"{group}|{op}|{peer}": n for (group, op, peer), n in list(self._peer_seq.items())},
+            "main_thread": threading.main_thread().ident,
+            "threads": {str(thread.ident): thread.name for thread in threading.enumerate()},
+            "errors": list(self.errors[-5:]),
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        """This rank's state as plain data: records (oldest first) with their short stacks, groups, the current
+        command (and the latest one started: ``last_command_seq``), per-group heads, live threads, the clock."""
+        now = self._poll_completion()
         records = []
         for rec in list(self.records):  # list(): a consistent copy while the main thread appends
             item = dict(zip(FIELDS, rec, strict=True))
@@ -242,18 +305,34 @@ class Tracer:
                 f"{code.co_filename}:{line} in {code.co_name}" for code, line in frames
             ]
             records.append(item)
-        return {
-            "rank": self.rank,
-            "pid": os.getpid(),
-            "now": now,
-            "wall_time": time.time(),
-            "command": self.command[0],
-            "command_seq": self.command[1],
-            "capacity": self.capacity,
-            "groups": dict(self.groups),
-            "records": records,
-            "errors": list(self.errors[-5:]),
-        }
+        return {**self._state(now), "records": records}
+
+    def poll(self, since: int | None = None, pending: Sequence[int] = ()) -> dict[str, Any]:
+        """A cheap view for live checks: :meth:`snapshot`'s state without stacks, ``records`` holding only those
+        with ``index >= since`` (at most :data:`POLL_LIMIT`, the newest) as lists in :data:`FIELDS` order
+        (``stack`` empty, shapes as lists), and ``done``: ``[index, t_end, root]`` of the records listed in
+        ``pending`` that completed since (a caller's copies of still-pending records)."""
+        now = self._poll_completion()
+        current = list(self.records)
+        floor = since or 0
+        records = [_plain(rec) for rec in current[-POLL_LIMIT:] if rec[_INDEX] >= floor]
+        wanted = set(pending)
+        done = [
+            [rec[_INDEX], rec[_T_END], rec[_ROOT]]
+            for rec in current
+            if rec[_T_END] is not None and rec[_INDEX] in wanted
+        ] if wanted else []  # fmt: skip
+        return {**self._state(now), "records": records, "done": done}
+
+
+def _plain(rec: list[Any]) -> list[Any]:
+    out = list(rec)
+    out[4] = [list(shape) for shape in rec[4]]
+    out[5] = list(rec[5])
+    out[11] = []
+    if rec[15] is not None:
+        out[15] = [list(rec[15][0]), list(rec[15][1])]
+    return out
 
 
 def _completed(rec: list[Any], work: Any, now: float) -> None:
@@ -280,7 +359,10 @@ def get_tracer() -> Tracer:
 
 def set_command(name: str | None, seq: int | None) -> None:
     """Tag later records with the Session command ``name`` / ``seq`` (``None``: between commands)."""
-    get_tracer().command = (name, seq)
+    tracer = get_tracer()
+    tracer.command = (name, seq)
+    if seq is not None:
+        tracer.last_command_seq = seq
 
 
 def snapshot() -> dict[str, Any]:
@@ -302,11 +384,11 @@ def read_tail(path: str) -> list[dict[str, Any]]:
         if not 0 < size <= _TAIL_SLOT_BYTES - 4:
             continue
         try:
-            rank, *fields, t_start, peer_seq = marshal.loads(data[offset + 4 : offset + 4 + size])
-            item = dict(zip(FIELDS[:11], fields, strict=True))
+            rank, *fields = marshal.loads(data[offset + 4 : offset + 4 + size])
+            item = dict(zip(_TAIL_FIELDS, fields, strict=True))
         except (ValueError, EOFError, TypeError):
             continue
-        item.update(rank=rank, stack=[], t_start=t_start, t_end=None, peer_seq=peer_seq, from_tail=True)
+        item.update(rank=rank, stack=[], t_end=None, from_tail=True)
         records.append(item)
     records.sort(key=lambda item: item["t_start"])
     return records
@@ -397,6 +479,39 @@ def _shm_work(shm: SharedMemoryAllreduce, tensors: Any, reduce_op: str) -> Any:
     return _create_work_from_future(future)
 
 
+def _sync(opts: Any) -> bool:
+    """Whether the caller waits for the call before returning: torch's public functions set ``asyncOp`` from
+    their ``async_op`` argument; C++ callers (DDP's reducer) leave the default, True."""
+    return not getattr(opts, "asyncOp", True)
+
+
+_SYNC_P2P_CODES: frozenset[Any] | None = None
+
+
+def _from_sync_p2p() -> bool:
+    """Whether this send/recv comes from ``dist.send``/``dist.recv`` (which wait for it), not ``isend``/``irecv``
+    or a batch: looks a few frames up for their code objects."""
+    global _SYNC_P2P_CODES
+    if _SYNC_P2P_CODES is None:
+        import inspect
+
+        import torch.distributed.distributed_c10d as c10d
+
+        _SYNC_P2P_CODES = frozenset(inspect.unwrap(getattr(c10d, name)).__code__ for name in ("send", "recv"))
+    frame = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            return False
+        if frame.f_code in _SYNC_P2P_CODES:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _splits(input_split: Any, output_split: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return tuple(int(n) for n in input_split or ()), tuple(int(n) for n in output_split or ())
+
+
 def _make_group_class() -> type:
     import torch.distributed as dist
 
@@ -413,12 +528,20 @@ def _make_group_class() -> type:
             self._shm = shm
 
         def _go(
-            self, op: str, tensors: Any, reduce_op: str | None, root: int | None, call: Callable[[], Any], p2p: bool
+            self,
+            op: str,
+            tensors: Any,
+            reduce_op: str | None,
+            root: int | None,
+            call: Callable[[], Any],
+            p2p: bool,
+            sync: bool = False,
+            splits: Any = None,
         ) -> Any:
             tracer = self._tracer
             if not tracer.enabled:
                 return call()
-            rec = tracer.record(self._trace_name, p2p, op, _flat(tensors), reduce_op, root)
+            rec = tracer.record(self._trace_name, p2p, op, _flat(tensors), reduce_op, root, sync, splits)
             try:
                 work = call()
             except BaseException as exc:
@@ -436,9 +559,17 @@ def _make_group_class() -> type:
             if shm is not None and shm.supports(tensors, reduce_op):
                 assert reduce_op is not None
                 return self._go(
-                    "allreduce", tensors, reduce_op, None, lambda: _shm_work(shm, tensors, reduce_op), False
+                    "allreduce",
+                    tensors,
+                    reduce_op,
+                    None,
+                    lambda: _shm_work(shm, tensors, reduce_op),
+                    False,
+                    _sync(opts),
                 )
-            return self._go("allreduce", tensors, reduce_op, None, lambda: self._gloo.allreduce(tensors, opts), False)
+            return self._go(
+                "allreduce", tensors, reduce_op, None, lambda: self._gloo.allreduce(tensors, opts), False, _sync(opts)
+            )
 
         def allreduce_coalesced(self, tensors: Any, opts: Any) -> Any:
             return self._go(
@@ -448,28 +579,45 @@ def _make_group_class() -> type:
                 None,
                 lambda: self._gloo.allreduce_coalesced(tensors, opts),
                 False,
+                _sync(opts),
             )
 
         def broadcast(self, tensors: Any, opts: Any = None) -> Any:
             opts = opts if opts is not None else dist.BroadcastOptions()
             return self._go(
-                "broadcast", tensors, None, opts.rootRank, lambda: self._gloo.broadcast(tensors, opts), False
+                "broadcast",
+                tensors,
+                None,
+                opts.rootRank,
+                lambda: self._gloo.broadcast(tensors, opts),
+                False,
+                _sync(opts),
             )
 
         def reduce(self, tensors: Any, opts: Any) -> Any:
             return self._go(
-                "reduce", tensors, _reduce_name(opts), opts.rootRank, lambda: self._gloo.reduce(tensors, opts), False
+                "reduce",
+                tensors,
+                _reduce_name(opts),
+                opts.rootRank,
+                lambda: self._gloo.reduce(tensors, opts),
+                False,
+                _sync(opts),
             )
 
         def allgather(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
             opts = opts if opts is not None else dist.AllgatherOptions()
-            return self._go("allgather", inputs, None, None, lambda: self._gloo.allgather(outputs, inputs, opts), False)
+            return self._go(
+                "allgather", inputs, None, None, lambda: self._gloo.allgather(outputs, inputs, opts), False, _sync(opts)
+            )
+
+        def _gather_into(self, op: str, output: Any, input: Any, opts: Any) -> Any:
+            opts = opts if opts is not None else dist.AllgatherOptions()
+            call = lambda: self._gloo._allgather_base(output, input, opts)  # noqa: E731
+            return self._go(op, [input], None, None, call, False, _sync(opts))
 
         def _allgather_base(self, output: Any, input: Any, opts: Any = None) -> Any:
-            opts = opts if opts is not None else dist.AllgatherOptions()
-            return self._go(
-                "_allgather_base", [input], None, None, lambda: self._gloo._allgather_base(output, input, opts), False
-            )
+            return self._gather_into("_allgather_base", output, input, opts)
 
         def allgather_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
             opts = opts if opts is not None else dist.AllgatherOptions()
@@ -480,6 +628,7 @@ def _make_group_class() -> type:
                 None,
                 lambda: self._gloo.allgather_coalesced(outputs, inputs, opts),
                 False,
+                _sync(opts),
             )
 
         def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
@@ -491,15 +640,13 @@ def _make_group_class() -> type:
                 None,
                 lambda: _coalesced(self._gloo._allgather_base, outputs, inputs, opts),
                 False,
+                _sync(opts),
             )
 
         # torch 2.13 names: dist.all_gather_single / reduce_scatter_single / all_to_all_single (FSDP2 calls the
         # first two from Python) and the *_coalesced variants (functional collectives call them from C++).
         def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:
-            opts = opts if opts is not None else dist.AllgatherOptions()
-            return self._go(
-                "all_gather_single", [input], None, None, lambda: self._gloo._allgather_base(output, input, opts), False
-            )
+            return self._gather_into("all_gather_single", output, input, opts)
 
         def all_gather_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
             opts = opts if opts is not None else dist.AllgatherOptions()
@@ -510,6 +657,7 @@ def _make_group_class() -> type:
                 None,
                 lambda: _coalesced(self._gloo._allgather_base, outputs, inputs, opts),
                 False,
+                _sync(opts),
             )
 
         def reduce_scatter_single(self, output: Any, input: Any, opts: Any = None) -> Any:
@@ -521,6 +669,7 @@ def _make_group_class() -> type:
                 None,
                 lambda: _works([self._gloo._reduce_scatter_base(output, input, opts)]),
                 False,
+                _sync(opts),
             )
 
         def reduce_scatter_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
@@ -532,6 +681,7 @@ def _make_group_class() -> type:
                 None,
                 lambda: _coalesced(self._gloo._reduce_scatter_base, outputs, inputs, opts),
                 False,
+                _sync(opts),
             )
 
         def all_to_all_single(
@@ -548,16 +698,30 @@ def _make_group_class() -> type:
                 None,
                 lambda: self._gloo.alltoall_base(output, input, output_split, input_split, opts),
                 False,
+                _sync(opts),
+                _splits(input_split, output_split),
             )
 
         def gather(self, outputs: Any, inputs: Any, opts: Any) -> Any:
             return self._go(
-                "gather", inputs, None, opts.rootRank, lambda: self._gloo.gather(outputs, inputs, opts), False
+                "gather",
+                inputs,
+                None,
+                opts.rootRank,
+                lambda: self._gloo.gather(outputs, inputs, opts),
+                False,
+                _sync(opts),
             )
 
         def scatter(self, outputs: Any, inputs: Any, opts: Any) -> Any:
             return self._go(
-                "scatter", outputs, None, opts.rootRank, lambda: self._gloo.scatter(outputs, inputs, opts), False
+                "scatter",
+                outputs,
+                None,
+                opts.rootRank,
+                lambda: self._gloo.scatter(outputs, inputs, opts),
+                False,
+                _sync(opts),
             )
 
         def reduce_scatter(self, outputs: Any, inputs: Any, opts: Any) -> Any:
@@ -568,6 +732,7 @@ def _make_group_class() -> type:
                 None,
                 lambda: self._gloo.reduce_scatter(outputs, inputs, opts),
                 False,
+                _sync(opts),
             )
 
         def _reduce_scatter_base(self, output: Any, input: Any, opts: Any) -> Any:
@@ -578,6 +743,7 @@ def _make_group_class() -> type:
                 None,
                 lambda: _works([self._gloo._reduce_scatter_base(output, input, opts)]),
                 False,
+                _sync(opts),
             )
 
         def reduce_scatter_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any) -> Any:
@@ -588,6 +754,7 @@ def _make_group_class() -> type:
                 None,
                 lambda: _coalesced(self._gloo._reduce_scatter_base, outputs, inputs, opts),
                 False,
+                _sync(opts),
             )
 
         def alltoall_base(self, output: Any, input: Any, output_split: Any, input_split: Any, opts: Any) -> Any:
@@ -598,29 +765,46 @@ def _make_group_class() -> type:
                 None,
                 lambda: self._gloo.alltoall_base(output, input, output_split, input_split, opts),
                 False,
+                _sync(opts),
+                _splits(input_split, output_split),
             )
 
         def alltoall(self, outputs: Any, inputs: Any, opts: Any) -> Any:
-            return self._go("alltoall", inputs, None, None, lambda: self._gloo.alltoall(outputs, inputs, opts), False)
+            return self._go(
+                "alltoall", inputs, None, None, lambda: self._gloo.alltoall(outputs, inputs, opts), False, _sync(opts)
+            )
 
         def barrier(self, opts: Any = None) -> Any:
             opts = opts if opts is not None else dist.BarrierOptions()
-            return self._go("barrier", [], None, None, lambda: self._gloo.barrier(opts), False)
+            return self._go("barrier", [], None, None, lambda: self._gloo.barrier(opts), False, _sync(opts))
 
         def send(self, tensors: Any, dst: int, tag: int = 0) -> Any:
-            return self._go("send", tensors, None, dst, lambda: self._gloo.send(tensors, dst, tag), True)
+            sync = _from_sync_p2p()
+            return self._go("send", tensors, None, dst, lambda: self._gloo.send(tensors, dst, tag), True, sync)
 
         def recv(self, tensors: Any, src: int, tag: int = 0) -> Any:
-            return self._go("recv", tensors, None, src, lambda: self._gloo.recv(tensors, src, tag), True)
+            sync = _from_sync_p2p()
+            return self._go("recv", tensors, None, src, lambda: self._gloo.recv(tensors, src, tag), True, sync)
 
         def recv_anysource(self, tensors: Any, tag: int = 0) -> Any:
+            sync = _from_sync_p2p()
             return self._go(
-                "recv_anysource", tensors, None, None, lambda: self._gloo.recv_anysource(tensors, tag), True
+                "recv_anysource", tensors, None, None, lambda: self._gloo.recv_anysource(tensors, tag), True, sync
             )
 
         def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> Any:
-            self._tracer.record(self._trace_name, False, "monitored_barrier", [], None, None)
-            return self._gloo.monitored_barrier(timeout, wait_all_ranks)
+            tracer = self._tracer
+            if not tracer.enabled:
+                return self._gloo.monitored_barrier(timeout, wait_all_ranks)
+            # gloo's monitored barrier blocks in C++ and returns no Work: completion is known on return.
+            rec = tracer.record(self._trace_name, False, "monitored_barrier", [], None, None, True)
+            try:
+                return self._gloo.monitored_barrier(timeout, wait_all_ranks)
+            except BaseException as exc:
+                tracer.errors.append(f"monitored_barrier seq {rec[1]}: {type(exc).__name__}: {exc}")
+                raise
+            finally:
+                rec[_T_END] = time.monotonic()
 
         def getBackendName(self) -> str:
             return BACKEND
@@ -673,6 +857,37 @@ def install(*, shm_allreduce: bool | None = None) -> None:
     if BACKEND.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+    _accept_traced_monitored_barrier()
+
+
+def _accept_traced_monitored_barrier() -> None:
+    """Let ``dist.monitored_barrier`` run on traced groups: torch rejects every backend name but "gloo" before it
+    calls the group's own ``monitored_barrier``, which a traced group forwards to gloo. Other groups take
+    torch's function unchanged. Code that imported the function by name before :func:`install` keeps torch's
+    (call ``group.monitored_barrier(timeout, wait_all_ranks=...)`` there)."""
+    import functools
+
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    original = c10d.monitored_barrier
+    if getattr(original, "_rlsdk_traced", False):
+        return
+
+    @functools.wraps(original)
+    def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> Any:
+        pg = c10d._get_default_group() if group is None else group
+        if c10d._rank_not_in_group(pg) or dist.get_backend(pg) != BACKEND:
+            return original(group, timeout, wait_all_ranks)
+        if timeout is None:
+            timeout = c10d._get_default_timeout(dist.Backend.GLOO)
+        elif isinstance(timeout, (int, float)):
+            timeout = datetime.timedelta(seconds=timeout)
+        return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+    monitored_barrier._rlsdk_traced = True  # type: ignore[attr-defined]
+    c10d.monitored_barrier = monitored_barrier
+    dist.monitored_barrier = monitored_barrier
 
 
 def init_traced_process_group(

@@ -11,9 +11,10 @@ the loop:
 - metric plots are small SVG line charts rendered here (no plotting dependency);
 - rank status and the version panel come from :meth:`Session.status` (see :mod:`rlsdk.observe.status`);
 - the tracer view shows the session's latest collective trace (``session.last_trace``: every check of the hang
-  watchdog, and every ``await session.trace()``) as a table per rank (last group:seq, op, call site, age) with
-  the diverging ranks highlighted; "trace now" takes one; while the watchdog reports a command hung it offers
-  "keep waiting" (``session.keep_waiting()``) and "terminate ranks" (``session.close()``).
+  watchdog, every divergence its live checks confirm, and every ``await session.trace()``) as a table per rank
+  (last group:seq, op, call site, age) with the diverging ranks highlighted, under a red "diverged at ..." line
+  (also in the title) as soon as a desync is known; "trace now" takes one; while the watchdog reports a command
+  hung it offers "keep waiting" (``session.keep_waiting()``) and "terminate ranks" (``session.close()``).
 
 nbclient (and so an executed notebook saved to disk) only records widget updates sent while a cell runs; call
 :meth:`Dashboard.refresh` in a later cell to capture the current state.
@@ -158,9 +159,19 @@ def render_versions_html(status: dict[str, Any]) -> str:
     )
 
 
-def render_tracer_html(report: Any, taken_at: float | None, hung: dict[str, Any] | None) -> str:
-    """The tracer view: when the latest trace was taken, the hang (if any) and the report's per-rank table."""
-    parts = []
+def render_diverged_html(diverged: str | None) -> str:
+    """The red "diverged at ..." line (empty when the ranks agree)."""
+    if not diverged:
+        return ""
+    return f'<div class="rlsdk-diverged" style="color:#c00"><b>{html.escape(diverged)}</b></div>'
+
+
+def render_tracer_html(
+    report: Any, taken_at: float | None, hung: dict[str, Any] | None, diverged: str | None = None
+) -> str:
+    """The tracer view: the divergence (if any), when the latest trace was taken, the hang (if any) and the
+    report's per-rank table."""
+    parts = [render_diverged_html(diverged)]
     if hung:
         parts.append(
             f'<div style="color:#c00"><b>HUNG</b>: command {html.escape(str(hung["command"]))} for '
@@ -169,8 +180,8 @@ def render_tracer_html(report: Any, taken_at: float | None, hung: dict[str, Any]
         )
     if report is None:
         parts.append(
-            '<span style="color:#888">no collective trace yet: the hang watchdog traces every command that '
-            "outlasts launch.hang_timeout_s; click <i>trace now</i> to take one</span>"
+            '<span style="color:#888">no collective trace yet: the watchdog checks running commands live and '
+            "traces every command that outlasts launch.hang_timeout_s; click <i>trace now</i> to take one</span>"
         )
     else:
         when = time.strftime("%H:%M:%S", time.localtime(taken_at)) if taken_at is not None else "?"
@@ -410,14 +421,15 @@ class Dashboard(_Refresher):
         report = getattr(self.session, "last_trace", None)
         taken_at = getattr(self.session, "last_trace_time", None)
         hung = status.get("hung")
-        key = (id(report), taken_at, None if hung is None else (hung["command"], int(hung["seconds"])))
+        diverged = (status.get("trace") or {}).get("diverged")
+        key = (id(report), taken_at, diverged, None if hung is None else (hung["command"], int(hung["seconds"])))
         closed = bool(status.get("closed"))
         self.keep_waiting_button.layout.display = None if hung and not closed else "none"
         self.terminate_button.layout.display = None if hung and not closed else "none"
         self.trace_button.disabled = closed
         if force or key != self._seen_trace:
             self._seen_trace = key
-            self._set(self._tracer, render_tracer_html(report, taken_at, hung))
+            self._set(self._tracer, render_tracer_html(report, taken_at, hung, diverged))
 
     def _set(self, widget: Any, value: str) -> None:
         if widget.value != value:  # unchanged values send nothing to the front end
@@ -442,7 +454,11 @@ class Dashboard(_Refresher):
         status = self._status()
         closed = " (closed)" if status.get("closed") else ""
         output_dir = html.escape(str(getattr(self.session, "output_dir", "")))
-        self._set(self._title, f"<b>rlsdk session</b>{closed} &middot; step {status.get('step')} &middot; {output_dir}")
+        diverged = render_diverged_html((status.get("trace") or {}).get("diverged"))
+        self._set(
+            self._title,
+            f"<b>rlsdk session</b>{closed} &middot; step {status.get('step')} &middot; {output_dir}{diverged}",
+        )
         self._set(self._ranks, render_ranks_html(status))
         self._set(self._versions, render_versions_html(status))
         history = self._history()

@@ -99,6 +99,15 @@ def last_batch_staleness(
     }
 
 
+def diverged_at(report: Any) -> str | None:
+    """``diverged at group G seq S: KIND on rank(s) [...] (op at file:line, command C #N)`` for a trace report
+    whose ranks desynced; ``None`` when they agree or one rank is merely slow (a straggler)."""
+    div = getattr(report, "divergence", None)
+    if div is None or div.kind == "straggler":
+        return None
+    return str(div.headline())
+
+
 def format_command(info: Mapping[str, Any]) -> str:
     """A rank's current command with its reported progress: ``update (3/8)``, or ``idle``."""
     command = info.get("command")
@@ -142,6 +151,8 @@ def format_status_text(status: Mapping[str, Any], history: Iterable[tuple[int, M
     trace = status.get("trace")
     if trace:
         lines.append(f"trace at {time.strftime('%H:%M:%S', time.localtime(trace['time']))}: {trace['headline']}")
+        if trace.get("diverged"):
+            lines.append(f"DIVERGED: {trace['diverged']}")
     hung = status.get("hung")
     if hung:
         lines.append(

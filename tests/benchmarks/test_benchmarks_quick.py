@@ -29,6 +29,17 @@ def check_session_overhead(data: dict[str, Any]) -> None:
 def check_tracer_overhead(data: dict[str, Any]) -> None:
     assert data["record_us"]["median"] > 0 and data["ddp_step_ratio"] > 0
     assert data["recipe"]["ratio_of_medians"] > 0
+    assert data["live_check"]["ratio_of_medians"] > 0
+    assert data["poll_ms"]["next_poll"]["median"] < data["poll_ms"]["full_snapshot"]["median"]
+
+
+def check_live_check_soak(data: dict[str, Any]) -> None:
+    ran = {key.split("@")[0] for key in data["runs"]}
+    assert {"embedded", "colocated", "fsdp2"} <= ran
+    assert ran | set(data["skipped"]) == {"embedded", "colocated", "fsdp2", "vllm"}
+    assert all(run["steps"] == 10 for run in data["runs"].values())
+    assert data["false_reports"] == 0
+    assert sum(run["poll_stats"]["polls"] for run in data["runs"].values()) > 0  # the stress setting polled
 
 
 def check_dashboard_logs(data: dict[str, Any]) -> None:
@@ -134,6 +145,7 @@ CASES: dict[str, tuple[Callable[[dict[str, Any]], None], list[Any], Callable[[],
     "scaling": (check_scaling, DISTRIBUTED, None),  # 49 s: 3 Session starts (1 rank may not start: recorded)
     "soak": (check_soak, DISTRIBUTED, None),  # 32 s: a 2-rank Session for 30 steps
     "lora": (check_lora, DISTRIBUTED, peft_missing),  # 90 s: 2 Sessions (full, LoRA) x 4 steps
+    "live_check_soak": (check_live_check_soak, DISTRIBUTED, None),  # 290 s loaded (vLLM's start 190 s): 4 Sessions
 }
 
 

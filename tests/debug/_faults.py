@@ -154,3 +154,227 @@ def recv_while_peer_reduces(rank: int, world: int) -> None:
         dist.recv(torch.empty(4), 1)  # RECV_VS_REDUCE_SITE
     else:
         dist.all_reduce(torch.ones(4))  # REDUCE_VS_RECV_SITE
+
+
+# Harder patterns (issue 26).
+
+
+def mesh_tp_skip(rank: int, world: int) -> None:
+    """A 2x2 device mesh (data parallel x tensor parallel); the last rank's shard leaves it no TP all-reduce."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+    tp, dp = mesh.get_group("tp"), mesh.get_group("dp")
+    dist.all_reduce(torch.ones(4), group=tp)
+    dist.all_reduce(torch.ones(4), group=dp)
+    chunks = 0 if rank == world - 1 else 1  # data-dependent: an empty shard
+    for _ in range(chunks):
+        dist.all_reduce(torch.ones(8), group=tp)  # TP_SKIP_SITE
+    dist.all_reduce(torch.ones(2), group=dp)  # DP_AFTER_SITE
+
+
+def async_issue_order(rank: int, world: int) -> None:
+    _warmup()
+    buckets = [torch.ones(4), torch.ones(8)]
+    order = reversed(buckets) if rank == world - 1 else buckets  # e.g. a set iterated in a rank-dependent order
+    works = [dist.all_reduce(bucket, async_op=True) for bucket in order]  # ASYNC_ISSUE_SITE
+    for work in works:
+        work.wait()
+
+
+def async_wait_order(rank: int, world: int) -> None:
+    """Clean: every rank issues in the same order; the last one waits in the other order (gloo runs them in issue
+    order, so this completes)."""
+    _warmup()
+    works = [dist.all_reduce(torch.ones(4), async_op=True), dist.all_reduce(torch.ones(8), async_op=True)]
+    for work in reversed(works) if rank == world - 1 else works:
+        work.wait()
+    dist.all_reduce(torch.ones(2))
+
+
+def all_to_all_bad_splits(rank: int, world: int) -> None:
+    _warmup()
+    splits = [1, 3] if rank == 0 else [2, 2]  # rank 0 sends 3 rows to rank 1, which expects 2
+    out, inp = torch.empty(4), torch.ones(4)
+    dist.all_to_all_single(out, inp, output_split_sizes=splits, input_split_sizes=splits)  # A2A_SITE
+    dist.barrier()
+
+
+def all_to_all_uneven(rank: int, world: int) -> None:
+    """Clean: uneven but consistent splits, inputs of different lengths per rank."""
+    _warmup()
+    send = [1, 2] if rank == 0 else [3, 2]
+    receive = [1, 3] if rank == 0 else [2, 2]
+    dist.all_to_all_single(
+        torch.empty(sum(receive)), torch.ones(sum(send)), output_split_sizes=receive, input_split_sizes=send
+    )
+    dist.barrier()
+
+
+def reduce_scatter_vs_all_gather(rank: int, world: int) -> None:
+    _warmup()
+    if rank == 0:
+        dist.reduce_scatter_tensor(torch.empty(2), torch.ones(4))  # RS_SITE
+    else:
+        dist.all_gather_into_tensor(torch.empty(4), torch.ones(2))  # AG_SITE
+    dist.barrier()
+
+
+def background_thread_collective(rank: int, world: int) -> None:
+    import threading
+
+    from rlsdk.debug.tracer import get_tracer
+
+    _warmup()
+    if rank == 0:  # e.g. a metrics thread broadcasting a value on its own schedule
+        threading.Thread(
+            target=lambda: dist.broadcast(torch.ones(4), src=0),  # THREAD_SITE
+            name="metrics-thread",
+            daemon=True,
+        ).start()
+        while len(get_tracer().records) < 2:  # the thread's call is recorded first (deterministic order)
+            time.sleep(0.01)
+    dist.all_reduce(torch.ones(4))  # MAIN_AFTER_THREAD_SITE
+
+
+def fsdp2_extra_layer(rank: int, world: int) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    hidden = [8, 16, 8] if rank == world - 1 else [8, 8]  # its model config has one more layer
+    layers = [torch.nn.Linear(a, b) for a, b in zip([8, *hidden[:-1]], hidden, strict=True)]
+    model = torch.nn.Sequential(*layers)
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+    model(torch.ones(2, 8)).sum().backward()  # FSDP_STEP_SITE
+
+
+def monitored_barrier_skipped(rank: int, world: int) -> None:
+    import datetime
+
+    _warmup()
+    if rank == world - 1:
+        return  # an early exit (e.g. no more data) before the barrier
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=120), wait_all_ranks=True)  # MONITORED_SITE
+
+
+def monitored_barrier_all(rank: int, world: int) -> None:
+    """Clean: every rank passes the barrier, as users write it."""
+    import datetime
+
+    _warmup()
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=60), wait_all_ranks=True)
+    dist.all_reduce(torch.ones(2))
+
+
+def blocked_on_python_lock(rank: int, world: int) -> None:
+    import threading
+
+    _warmup()
+    if rank == world - 1:
+        lock = threading.Lock()
+        lock.acquire()  # held by "another thread" that never lets go (a stuck data loader, a logging handler)
+        threading.Timer(60.0, lock.release).start()
+        lock.acquire()  # LOCK_SITE
+    dist.all_reduce(torch.ones(4))  # AFTER_LOCK_SITE
+
+
+def killed_mid_collective(rank: int, world: int) -> None:
+    """The last rank is SIGKILLed (what the kernel's OOM killer sends) while it waits in an all-reduce."""
+    import signal
+    import threading
+
+    _warmup()
+    if rank == world - 1:
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    else:
+        time.sleep(3.0)  # the others arrive after it died
+    dist.all_reduce(torch.ones(4))  # KILLED_SITE
+
+
+def diverge_after_clean_steps(rank: int, world: int, steps: int = 300, odd_step: int = 250) -> None:
+    _warmup()
+    grads = torch.ones(8)
+    for step in range(steps):
+        if rank == world - 1 and step == odd_step:  # a "bad batch" path, taken on one rank only
+            dist.all_reduce(torch.zeros(8))  # OTHER_PATH_SITE: same tensors as the step's, so it matches silently
+            dist.all_reduce(torch.ones(1))  # FLAG_SITE: a flag the other ranks never reduce
+        else:
+            dist.all_reduce(grads)  # STEP_SITE
+
+
+def clean_harder_patterns(rank: int, world: int) -> None:
+    """Clean: async calls waited in another order, uneven all-to-all splits, monitored_barrier on every rank."""
+    async_wait_order(rank, world)
+    all_to_all_uneven(rank, world)
+    monitored_barrier_all(rank, world)
+
+
+# Custom rank commands (``call_function``) for a real Session: each diverges, or is slow, in its own way.
+
+
+def session_rank0_broadcast(worker: object) -> dict[str, int]:
+    """The issue's probe: rank 0 broadcasts inside ``if rank == 0``."""
+    rank = worker.rank  # type: ignore[attr-defined]
+    if rank == 0:
+        dist.broadcast(torch.ones(3), src=0)  # SESSION_BROADCAST_SITE
+    return {"rank": rank}
+
+
+def session_missing(worker: object) -> dict[str, int]:
+    rank = worker.rank  # type: ignore[attr-defined]
+    if rank == 1:
+        return {"rank": rank}  # an early exit: no more data on this rank
+    dist.all_reduce(torch.ones(3))  # SESSION_MISSING_SITE
+    return {"rank": rank}
+
+
+def session_op_mismatch(worker: object) -> None:
+    if worker.rank == 0:  # type: ignore[attr-defined]
+        dist.all_reduce(torch.ones(3))  # SESSION_OP_SITE
+    else:
+        dist.broadcast(torch.ones(3), src=0)
+
+
+def session_source_mismatch(worker: object) -> None:
+    dist.broadcast(torch.ones(3), src=worker.rank)  # type: ignore[attr-defined]  # SESSION_SRC_SITE
+
+
+def session_reduce_op_mismatch(worker: object, sleep_s: float = 8.0) -> dict[str, float]:
+    """gloo completes it with a wrong result; the command then computes on. (A ``reduce``: a Session's
+    all-reduces go through shared memory, which checks the ranks' ops itself and raises at once.)"""
+    value = torch.full((3,), 1.0 + worker.rank)  # type: ignore[attr-defined]
+    dist.reduce(value, dst=0, op=dist.ReduceOp.MAX if worker.rank == 1 else dist.ReduceOp.SUM)  # type: ignore[attr-defined]
+    time.sleep(sleep_s)
+    return {"value": float(value[0])}
+
+
+def session_shape_mismatch(worker: object) -> None:
+    dist.broadcast(torch.ones(4 - worker.rank), src=0)  # type: ignore[attr-defined]  # SESSION_SHAPE_SITE: gloo aborts rank 1
+
+
+def session_p2p_unmatched(worker: object) -> None:
+    if worker.rank == 0:  # type: ignore[attr-defined]
+        dist.send(torch.ones(3), 1)  # SESSION_SEND_SITE: rank 1 finishes without receiving
+
+
+def session_p2p_cycle(worker: object) -> None:
+    if worker.rank == 0:  # type: ignore[attr-defined]
+        dist.recv(torch.empty(3), 1)  # SESSION_RECV_SITE
+    else:
+        dist.all_reduce(torch.ones(3))  # SESSION_CYCLE_REDUCE_SITE
+
+
+def session_lock_straggler(worker: object, hold_s: float = 8.0) -> dict[str, int]:
+    """Not a desync: rank 1 waits on a Python lock for ``hold_s`` seconds, then joins the all-reduce."""
+    import threading
+
+    rank = worker.rank  # type: ignore[attr-defined]
+    if rank == 1:
+        lock = threading.Lock()
+        lock.acquire()
+        threading.Timer(hold_s, lock.release).start()
+        lock.acquire()  # SESSION_LOCK_SITE
+    dist.all_reduce(torch.ones(3))
+    return {"rank": rank}

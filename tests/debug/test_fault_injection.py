@@ -53,7 +53,25 @@ CASES = [
     ("recv_while_peer_reduces", "p2p unmatched", [1], 1, ["RECV_VS_REDUCE_SITE", "REDUCE_VS_RECV_SITE"]),
     ("p2p_recv_too_small", "shape mismatch", [0, 1], 1, ["P2P_SEND_SITE", "P2P_RECV_SITE"]),
     ("p2p_recv_too_large", "shape mismatch", [0, 1], 1, ["P2P_SMALL_SEND_SITE", "P2P_LARGE_RECV_SITE"]),
+    # harder patterns
+    ("async_issue_order", "shape mismatch", [1], 2, ["ASYNC_ISSUE_SITE"]),
+    ("all_to_all_bad_splits", "shape mismatch", [0, 1], 2, ["A2A_SITE"]),
+    ("reduce_scatter_vs_all_gather", "op mismatch", [1], 2, ["RS_SITE", "AG_SITE"]),
+    ("background_thread_collective", "extra collective", [0], 2, ["THREAD_SITE", "MAIN_AFTER_THREAD_SITE"]),
+    ("fsdp2_extra_layer", "shape mismatch", [1], 2, ["FSDP_STEP_SITE"]),
+    ("monitored_barrier_skipped", "missing collective", [1], 2, ["MONITORED_SITE"]),
+    ("blocked_on_python_lock", "straggler", [1], 2, ["AFTER_LOCK_SITE"]),
+    ("killed_mid_collective", "crashed rank", [1], 2, ["KILLED_SITE"]),
+    ("diverge_after_clean_steps", "shape mismatch", [1], 253, ["FLAG_SITE", "STEP_SITE"]),
 ]
+# what else the report must say, beyond kind, ranks, seq and call sites
+EXTRA = {
+    "all_to_all_bad_splits": ["sends 3 rows to rank 1", "expects 2"],
+    "background_thread_collective": ["[thread metrics-thread]"],
+    "blocked_on_python_lock": ["main thread now:", "lock.acquire()  # LOCK_SITE", "not a desync"],
+    "killed_mid_collective": ["killed by SIGKILL"],
+    "diverge_after_clean_steps": ["first differ at group 0 seq 252", "agrees on: allreduce seq 251"],
+}
 
 
 @pytest.mark.parametrize(("scenario", "kind", "ranks", "seq", "sites"), CASES, ids=[case[0] for case in CASES])
@@ -69,7 +87,30 @@ def test_fault_on_two_ranks_is_diagnosed_within_10s_of_the_diverging_call(
     assert {site(marker) for marker in sites} <= seen, str(result.report)
     assert result.latency_s is None or result.latency_s < 10.0  # None: the lagging side never issued it
     assert site(sites[0]) in str(result.report)
+    assert div.certain == (kind != "straggler"), str(result.report)  # a straggler is never called certain
+    for text in EXTRA.get(scenario, []):
+        assert text in str(result.report), (text, str(result.report))
     assert len(result.pids) == 2 and not any(alive(pid) for pid in result.pids)
+
+
+def test_history_of_a_divergence_after_250_clean_steps_names_the_first_differing_call_sites() -> None:
+    result = diagnose(_faults.diverge_after_clean_steps, 2)
+
+    history = result.report.divergence.history
+    first = history["first_difference"]
+    assert (first["seq"], first["command"]) == (252, "fault")
+    assert set(first["sites"].values()) == {site("STEP_SITE"), site("OTHER_PATH_SITE")}
+    assert (history["last_agreed"]["seq"], history["last_agreed"]["site"]) == (251, site("STEP_SITE"))
+
+
+def test_clean_async_waits_uneven_all_to_all_and_monitored_barrier_give_no_divergence() -> None:
+    result = diagnose(_faults.clean_harder_patterns, 2, within_s=4.0)
+
+    assert result.report.ok, str(result.report)
+    for state in result.report.states.values():
+        ops = [rec["op"] for rec in state["records"]]
+        assert ops.count("all_to_all_single") == 1 and ops.count("monitored_barrier") == 1
+        assert all(rec["t_end"] is not None for rec in state["records"])  # every call seen completed
 
 
 def test_clean_ping_pong_of_fifty_send_recv_pairs_gives_no_divergence() -> None:
@@ -80,6 +121,18 @@ def test_clean_ping_pong_of_fifty_send_recv_pairs_gives_no_divergence() -> None:
         p2p = [rec for rec in state["records"] if rec["p2p"]]
         assert len(p2p) == 100 and all(rec["t_end"] is not None for rec in p2p)
         assert [rec["peer_seq"] for rec in p2p if rec["op"] == "send"] == list(range(1, 51))
+
+
+@pytest.mark.slow  # ~20 s: 4 ranks on 2 shared cores
+def test_rank_skipping_its_tp_all_reduce_in_a_2x2_mesh_is_named_in_its_tp_group() -> None:
+    result = diagnose(_faults.mesh_tp_skip, 4)
+
+    div = result.report.divergence
+    assert div is not None, str(result.report)
+    assert (div.kind, div.ranks, div.seq, div.certain) == ("missing collective", [3], 2, True), str(result.report)
+    assert result.report.states[2]["groups"][div.group]["ranks"] == [2, 3]  # the TP group of ranks 2 and 3
+    assert site("TP_SKIP_SITE") in str(result.report)
+    assert not any(alive(pid) for pid in result.pids)
 
 
 @pytest.mark.slow  # ~7 s each: 4 ranks on 2 shared cores

@@ -31,6 +31,9 @@ def _record_everything(rank: int, world: int) -> dict[str, Any]:
     dist.all_reduce(t, group=sub)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
     model(torch.ones(3, 4)).sum().backward()  # DDP_SITE
+    dist.all_reduce(t, async_op=True).wait()
+    dist.monitored_barrier(wait_all_ranks=True)  # as users write it (torch alone rejects the backend's name)
+    dist.all_to_all_single(torch.empty(2), torch.ones(2), [1, 1], [1, 1])
     tracer.set_command(None, None)
     assert dist.get_world_size() == world
     # gloo marks a Work completed on its own thread, possibly just after DDP's backward returned: poll briefly
@@ -63,6 +66,17 @@ def test_traced_group_records_user_p2p_subgroup_and_ddp_collectives_with_sites()
         assert ddp and ddp[-1]["op"] == "allreduce" and ddp[-1]["shapes"] == ((10,),)  # the gradient bucket
         assert all(r["t_end"] is not None for r in records)
         assert [r["seq"] for r in world] == list(range(1, len(world) + 1))
+        # what the certainty rules need: which calls block their thread, which thread, how far each group got
+        assert first["sync"] and p2p[0]["sync"] and not ddp[-1]["sync"]
+        assert all(r["thread"] == snap["main_thread"] for r in records)
+        after_ddp = world[world.index(ddp[-1]) + 1 :]
+        assert [(r["op"], r["sync"]) for r in after_ddp] == [
+            ("allreduce", False), ("monitored_barrier", True), ("all_to_all_single", True)
+        ]  # fmt: skip
+        assert after_ddp[-1]["splits"] == ((1, 1), (1, 1))
+        assert snap["heads"]["0"] == len(world) and snap["last_command_seq"] == 7 and snap["command"] is None
+        assert snap["peer_heads"] == {f"0|{'send' if rank == 0 else 'recv'}|{1 - rank}": 1}
+        assert [r["index"] for r in records] == list(range(len(records)))
 
 
 def _clean_ddp_steps(rank: int, world: int, steps: int) -> dict[str, Any]:

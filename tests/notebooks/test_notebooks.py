@@ -111,11 +111,19 @@ def test_debugging_hangs_notebook_names_the_rank_conditional_collective_then_run
             "message": "str(error)",
             "ok": "report.ok",
             "hung": "hung['kind']",
+            "seconds": "seconds",
+            "diverged": "diverged",
+            "hang_timeout_s": "config.launch.hang_timeout_s",
         },
     )
 
     assert (run.values["kind"], run.values["ranks"]) == ("extra collective", [0])
     assert "allreduce" in run.values["message"] and "hang_demo.py:9" in run.values["message"]
+    # the live check, not the 30 s hang check (its own bound, <= 5 s after the call, is asserted in tests/debug)
+    assert run.values["hang_timeout_s"] == 30.0 and run.values["seconds"] < 15.0
+    assert run.values["diverged"].startswith("diverged at group 0 seq ") and "hang_demo.py:9" in run.values["diverged"]
+    state = json.dumps(run.notebook.metadata.get("widgets", {}).get(WIDGET_STATE, {}))
+    assert "diverged at group 0 seq" in state  # the dashboard showed it
     assert run.values["hung"] == "extra collective"  # still pending after keep_waiting(timeout_s=2) timed out
     assert run.values["ok"] is True  # the fixed command's collectives agree
     assert run.open_sessions == 0

@@ -14,7 +14,7 @@ import pytest
 from rlsdk.observe.dashboard import LogBuffer, TextDashboard, filter_records, open_dashboard, svg_line_chart
 from rlsdk.observe.logging import RankLogRouter
 from rlsdk.observe.metrics import MetricsWriter
-from rlsdk.observe.status import format_status_text, last_batch_staleness, merged_history, rank_alive
+from rlsdk.observe.status import diverged_at, format_status_text, last_batch_staleness, merged_history, rank_alive
 
 
 class FakeSession:
@@ -41,6 +41,14 @@ class FakeSession:
             "step": self.trainer_version,
             "last_batch": last_batch_staleness(self.metrics.history, 0),
             "hung": self.hung,
+            "trace": None
+            if self.last_trace is None
+            else {
+                "time": self.last_trace_time,
+                "ok": self.last_trace.ok,
+                "headline": str(self.last_trace).splitlines()[0],
+                "diverged": diverged_at(self.last_trace),
+            },
         }
 
     def step(self, reward: float, *, dropped: int = 0, behaviour_min: int | None = None) -> None:
@@ -275,3 +283,47 @@ def test_format_status_text_shows_rank_progress_the_latest_trace_and_a_hang() ->
     assert "update (2/8)" in text
     assert "COLLECTIVE DIVERGENCE: extra collective" in text
     assert "HUNG: command update for 40 s" in text and "keep_waiting" in text
+
+
+def test_widget_dashboard_shows_diverged_at_within_one_refresh_of_the_divergence_being_known(tmp_path: Path) -> None:
+    pytest.importorskip("ipywidgets")
+
+    async def scenario() -> tuple[str, str, str, float]:
+        session = FakeSession(tmp_path)
+        dashboard = open_dashboard(session, mode="widget", interval_s=0.05)
+        before = dashboard._title.value
+        session.last_trace, session.last_trace_time = _diverged_trace(), time.time()  # the watchdog's on_report
+        known = time.monotonic()
+        while "diverged at" not in dashboard._title.value and time.monotonic() - known < 5.0:
+            await asyncio.sleep(0.01)
+        shown_after = time.monotonic() - known
+        dashboard.close()
+        return before, dashboard._title.value, dashboard._tracer.value, shown_after
+
+    before, title, tracer, shown_after = asyncio.run(scenario())
+
+    assert "diverged" not in before
+    expected = "diverged at group 0 seq 2: missing collective on rank(s) [1] (allreduce at hang.py:9"
+    assert expected in title and expected in tracer
+    assert "rlsdk-diverged" in tracer
+    assert shown_after < 1.0  # the refresh task picked it up, no cell had to run
+
+
+def test_straggler_is_not_shown_as_diverged() -> None:
+    from rlsdk.debug.analyze import Divergence, TraceReport
+
+    straggler = TraceReport(Divergence("straggler", [1], "0", 2, [], "rank 1 is slow"), {})
+
+    assert diverged_at(straggler) is None
+    assert diverged_at(TraceReport(None, {})) is None
+
+
+def test_format_status_text_says_diverged_at() -> None:
+    status = {
+        "step": 1,
+        "ranks": {},
+        "trace": {"time": time.time(), "ok": False, "headline": "COLLECTIVE DIVERGENCE: op mismatch",
+                  "diverged": "diverged at group 0 seq 4: op mismatch on rank(s) [1] (broadcast at p.py:3)"},
+    }  # fmt: skip
+
+    assert "DIVERGED: diverged at group 0 seq 4: op mismatch" in format_status_text(status)
