@@ -471,7 +471,7 @@ class Session:
             return await asyncio.to_thread(
                 EmbeddedEngine.from_pretrained,
                 cfg.model.path,
-                dtype=cfg.model.dtype,
+                dtype=inference.dtype or cfg.model.dtype,
                 num_threads=inference.num_threads if inference.num_threads is not None else self._engine_threads,
                 max_batch_size=inference.max_batch_size,
             )
@@ -510,6 +510,7 @@ class Session:
                 sync_timeout_s=inference.sync_timeout_s,
                 on_line=self._inference_line,
                 transfer=transfer,
+                dtype=inference.dtype or cfg.model.dtype,
             )
             self._engine_watch = asyncio.get_running_loop().create_task(self._watch_engine(engine))
         return engine
@@ -1066,8 +1067,9 @@ class Session:
         if agreement["agreement/logprob_absdiff_mean"] > cfg.inference.logprob_warn_threshold:
             logger.warning(
                 "update %d: trainer and engine disagree: mean |logprob diff| %.4g (max %.4g, ratio in "
-                "[%.3f, %.3f]) > inference.logprob_warn_threshold=%g over %d tokens of behaviour versions %s; "
-                "stale or corrupted engine weights, a dtype mismatch, or top-k/top-p sampling?",
+                "[%.3f, %.3f]) > inference.logprob_warn_threshold=%g over %d tokens of behaviour versions %s "
+                "(engine serves %s, trainer computes in %s); stale or corrupted engine weights, a dtype "
+                "mismatch, or top-k/top-p sampling?",
                 self.step,
                 agreement["agreement/logprob_absdiff_mean"],
                 agreement["agreement/logprob_absdiff_max"],
@@ -1076,6 +1078,8 @@ class Session:
                 cfg.inference.logprob_warn_threshold,
                 int(totals["tokens"]),
                 rollout.versions,
+                cfg.inference.dtype or cfg.model.dtype,
+                "bf16 (float32 master weights)" if cfg.train.mixed_precision == "bf16" else cfg.model.dtype,
             )
         if stale:
             logger.info(

@@ -137,8 +137,10 @@ class VLLMEngine:
         sync_timeout_s: float = 120.0,
         on_line: Callable[[str], None] | None = None,
         transfer: WeightTransfer | None = None,
+        dtype: str = "float32",
     ) -> VLLMEngine:
-        """Start a vLLM server for ``model_path`` on 127.0.0.1 (free port) and return an engine serving v0.
+        """Start a vLLM server for ``model_path`` on 127.0.0.1 (free port) and return an engine serving v0, in
+        ``dtype`` ('float32', 'bfloat16' or 'float16').
 
         Raises:
             ValueError: the model's head size is not supported by vLLM's CPU attention (checked before start).
@@ -156,6 +158,7 @@ class VLLMEngine:
             extra_args=[*transfer.server_args(), *extra_server_args],
             timeout_s=start_timeout_s,
             on_line=on_line,
+            dtype=dtype,
         )
         engine = cls(
             server.url,

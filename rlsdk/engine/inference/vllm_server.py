@@ -63,9 +63,11 @@ def server_command(
     max_model_len: int | None = None,
     extra_args: Sequence[str] = (),
     python: str = sys.executable,
+    dtype: str = "float32",
 ) -> list[str]:
     """The server's command line (wrapped in ``rlsdk.launch.pdeathsig``); ``extra_args`` may name another
-    ``--worker-extension-cls`` (a weight transfer's own, e.g. the in-place one), which then replaces rlsdk's."""
+    ``--worker-extension-cls`` (a weight transfer's own, e.g. the in-place one), which then replaces rlsdk's.
+    ``dtype``: the dtype the server computes in (``--dtype``; float32 unless the config says otherwise)."""
     own = "--worker-extension-cls" in extra_args
     extension = [] if own else ["--worker-extension-cls", WORKER_EXTENSION]
     cmd = [
@@ -75,7 +77,7 @@ def server_command(
         "--served-model-name", SERVED_MODEL_NAME,
         "--host", host,
         "--port", str(port),
-        "--dtype", "float32",
+        "--dtype", dtype,
         "--no-enable-chunked-prefill",
         "--enforce-eager",
         "--enable-scale-out",  # token-in/out /inference/v1/generate, with per-token weight versions
@@ -125,6 +127,7 @@ class VLLMServer:
         on_line: Callable[[str], None] | None = None,
         host: str = "127.0.0.1",
         env: Mapping[str, str] | None = None,
+        dtype: str = "float32",
     ) -> VLLMServer:
         """Start the server and wait until ``/health`` answers 200.
 
@@ -133,7 +136,9 @@ class VLLMServer:
                 (it is then stopped); the message holds its exit code and last log lines.
         """
         port = free_port(host)
-        cmd = server_command(model_path, port, host=host, max_model_len=max_model_len, extra_args=extra_args)
+        cmd = server_command(
+            model_path, port, host=host, max_model_len=max_model_len, extra_args=extra_args, dtype=dtype
+        )
         logger.debug("starting vLLM server: %s", " ".join(cmd))
         start = time.perf_counter()
         proc = await asyncio.create_subprocess_exec(
