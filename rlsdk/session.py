@@ -356,11 +356,13 @@ class Session:
         if self._resume is not None:
             self._restore(self._resume[0], self._resume[1], trainer)
         self.versions.trainer_checksum = trainer["checksum"]
-        if cfg.inference.engine != "embedded" or self._resume is not None:
+        served_as_trained = (cfg.inference.dtype or cfg.model.dtype) == cfg.model.dtype
+        if cfg.inference.engine != "embedded" or self._resume is not None or not served_as_trained:
             # The server's loader gives no checksum of what it loaded from the model directory, and an attached
             # server may hold anything: publish the trainer's v0 and verify it like every later sync. A resumed
             # trainer is at the checkpoint's version, which the engine (loaded from model.path) is not. The
-            # colocated engine's first sync checks that every rank holds the same v0.
+            # colocated engine's first sync checks that every rank holds the same v0. An engine serving another
+            # dtype checksums the published bytes it loads, so it is verified the same way.
             await self.sync_weights()
         else:
             engine_info = await self._engine().weight_info()
