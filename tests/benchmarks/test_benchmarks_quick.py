@@ -90,6 +90,19 @@ def check_soak(data: dict[str, Any]) -> None:
     assert data["after_close"]["controller_fds"] <= data["baseline"]["controller_fds"]
 
 
+def check_shapes(data: dict[str, Any]) -> None:
+    assert data["cpu"]["flags"] and data["rates"]["memcpy_bytes_per_s"] > 0
+    assert data["rates"]["gemm_flops_per_s"]["S0"]["bf16"] > 0 and data["runtime_baseline_bytes"] > 0
+    assert set(data["runs"]) == {"S0-ddp-embedded-fp32", "S0-fsdp2-embedded-bf16"}  # --quick: S0 only
+    for row in data["runs"].values():
+        assert all(row["seconds"][phase] > 0 for phase in ("rollout", "update", "sync"))
+        assert {"controller", "rank0", "rank1"} <= set(row["peak_rss_mib"]["update"])
+        assert row["update_mfu"] > 0 and row["sync_over_memcpy"] > 0 and row["generation_tokens_per_s"] > 0
+        assert row["derived_rank_memory"]["total"] > 0 and row["rank_update_peak_over_derived"] > 0
+    if data["trl"] is not None:  # trl installed: the interleaved comparison at S0
+        assert data["trl"]["rlsdk_over_trl_step"] > 0
+
+
 def trl_missing() -> str | None:
     if importlib.util.find_spec("trl") is None:
         return 'trl is not installed (the bench extra: pip install -e ".[bench]")'
@@ -119,6 +132,7 @@ CASES: dict[str, tuple[Callable[[dict[str, Any]], None], list[Any], Callable[[],
     "trl_compare": (check_trl_compare, DISTRIBUTED, trl_missing),  # 151 s: 4 subprocesses, two 2-rank Sessions
     "scaling": (check_scaling, DISTRIBUTED, None),  # 49 s: 3 Session starts (1 rank may not start: recorded)
     "soak": (check_soak, DISTRIBUTED, None),  # 32 s: a 2-rank Session for 30 steps
+    "shapes": (check_shapes, DISTRIBUTED, None),  # S0 Sessions (DDP, FSDP2), then TRL and rlsdk at S0
 }
 
 
