@@ -29,8 +29,8 @@ Figures:
   activations, one logits chunk, the interpreter and libraries measured once); at S2 also the same update with
   today's materialised logits (``train.logits_chunk_mib=None``) or its failure;
 - TRL (when installed; ``--no-trl`` skips it): HF TRL's GRPOTrainer on S1 with the same model, data, batch,
-  lengths, bf16 autocast and lr, against rlsdk's S1 run (DDP, embedded engine), interleaved (TRL, rlsdk, TRL,
-  rlsdk), per-step time ratio.
+  lengths, bf16 autocast and lr, against rlsdk's S1 runs (DDP, each engine), interleaved (TRL, rlsdk embedded,
+  rlsdk vLLM, TRL, ...), per-step time ratios.
 
 A run whose derived memory need exceeds the memory available when it would start is skipped and recorded with
 the reason (e.g. DDP at S2 on a 24 GiB machine). ``--quick``: S0 only (DDP and FSDP2, embedded, 1 step; TRL at
@@ -727,14 +727,14 @@ def worker_trl(args: argparse.Namespace) -> None:
     Path(args.result).write_text(json.dumps({"step_s": times}))
 
 
-def compare_trl(shape_name: str, models: Path, root: Path, quick: bool) -> dict[str, Any]:
-    """rlsdk (2 ranks, embedded engine) and TRL on the same shape, interleaved, each in fresh subprocesses."""
+def compare_trl(shape_name: str, models: Path, root: Path, engines: list[str], quick: bool) -> dict[str, Any]:
+    """TRL and rlsdk (2 DDP ranks, each of ``engines``) on the same shape, interleaved per repetition (TRL, rlsdk
+    embedded, rlsdk vLLM, TRL, ...), each in a fresh subprocess; per-step seconds after the warm-up."""
     warmup, steps, reps = (0, 2, 1) if quick else (1, 4, 2)
     precision = "bf16"
-    rlsdk_run = Run(shape_name, "ddp", "embedded", precision, warmup=warmup, steps=steps)
-    trl_run = dataclasses.replace(rlsdk_run, engine="trl")
-    rlsdk_steps: list[float] = []
-    trl_steps: list[float] = []
+    rlsdk_runs = [Run(shape_name, "ddp", engine, precision, warmup=warmup, steps=steps) for engine in engines]
+    trl_run = dataclasses.replace(rlsdk_runs[0], engine="trl")
+    step_s: dict[str, list[float]] = {"trl": [], **{run.engine: [] for run in rlsdk_runs}}
     for rep in range(reps):
         work = Path(tempfile.mkdtemp(prefix=f"trl-{rep}-", dir=root))
         result = work / "result.json"
@@ -744,23 +744,25 @@ def compare_trl(shape_name: str, models: Path, root: Path, quick: bool) -> dict[
         proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
         if proc.returncode != 0:
             return {"error": f"TRL exit code {proc.returncode}", "last_lines": proc.stderr.strip().splitlines()[-15:]}
-        trl_steps += json.loads(result.read_text())["step_s"][warmup:]
-        print(f"  TRL rep {rep}: {statistics.median(trl_steps):.1f} s/step", flush=True)
-        data = run_worker(rlsdk_run, models, root)
-        if "error" in data:
-            return {"error": "rlsdk run failed", **data}
-        rlsdk_steps += [sum(s["seconds"].values()) for s in data["steps"] if s["timed"]]
-        print(f"  rlsdk rep {rep}: {statistics.median(rlsdk_steps):.1f} s/step", flush=True)
+        step_s["trl"] += json.loads(result.read_text())["step_s"][warmup:]
+        print(f"  TRL rep {rep}: {statistics.median(step_s['trl']):.1f} s/step", flush=True)
+        for run in rlsdk_runs:
+            data = run_worker(run, models, root)
+            if "error" in data:
+                return {"error": f"rlsdk run {run.name} failed", **data}
+            step_s[run.engine] += [sum(s["seconds"].values()) for s in data["steps"] if s["timed"]]
+            print(f"  rlsdk {run.engine} rep {rep}: {statistics.median(step_s[run.engine]):.1f} s/step", flush=True)
+    trl_median = statistics.median(step_s["trl"])
     return {
         "shape": shape_name,
         "precision": precision,
-        "rlsdk": {"run": dataclasses.asdict(rlsdk_run), "step_s": rlsdk_steps},
-        "trl": {
-            "step_s": trl_steps,
-            "settings": "GRPOTrainer, transformers generate, bf16 autocast, 2 threads, "
-            "loss_type dapo, num_iterations 1, same lr/batch/lengths, no gradient checkpointing",
+        "step_s": step_s,
+        "rlsdk_runs": [dataclasses.asdict(run) for run in rlsdk_runs],
+        "trl_settings": "GRPOTrainer, transformers generate, bf16 autocast, 2 threads, loss_type dapo, "
+        "num_iterations 1, same model/data/reward/lr/batch/lengths, no gradient checkpointing",
+        "rlsdk_over_trl_step": {
+            engine: statistics.median(v) / trl_median for engine, v in step_s.items() if engine != "trl"
         },
-        "rlsdk_over_trl_step": statistics.median(rlsdk_steps) / statistics.median(trl_steps),
     }
 
 
@@ -817,9 +819,9 @@ def main() -> None:
         results = run_ladder(runs, models, root, rates, baseline)
         trl = None
         if args.trl if args.trl is not None else importlib.util.find_spec("trl") is not None:
-            trl = compare_trl("S0" if args.quick else "S1", models, root, args.quick)
-            if "rlsdk_over_trl_step" in trl:
-                print(f"rlsdk / TRL per-step time: {trl['rlsdk_over_trl_step']:.2f}", flush=True)
+            trl = compare_trl("S0" if args.quick else "S1", models, root, engines, args.quick)
+            for engine, ratio in (trl.get("rlsdk_over_trl_step") or {}).items():
+                print(f"rlsdk ({engine}) / TRL per-step time: {ratio:.2f}", flush=True)
     finally:
         import shutil
 

@@ -517,8 +517,8 @@ def shapes_section(path: Path) -> str:
             f"{row['rank_update_peak_over_derived']:.2f}x | {row['sync_over_memcpy']:.2f} |"
         )
     trl = data.get("trl") or {}
-    if "rlsdk_over_trl_step" in trl:
-        lines += ["", f"rlsdk / TRL GRPOTrainer per-step time at {trl.get('shape')}: {trl['rlsdk_over_trl_step']:.2f}."]
+    for engine, ratio in (trl.get("rlsdk_over_trl_step") or {}).items():
+        lines += ["", f"rlsdk ({engine} engine) / TRL GRPOTrainer per-step time at {trl.get('shape')}: {ratio:.2f}."]
     lines.append("")
     lines += _plot("shapes.png", "update seconds and MFU per run, rank peak memory over the derived figure")
     return "\n".join(lines)

@@ -100,7 +100,7 @@ def check_shapes(data: dict[str, Any]) -> None:
         assert row["update_mfu"] > 0 and row["sync_over_memcpy"] > 0 and row["generation_tokens_per_s"] > 0
         assert row["derived_rank_memory"]["total"] > 0 and row["rank_update_peak_over_derived"] > 0
     if data["trl"] is not None:  # trl installed: the interleaved comparison at S0
-        assert data["trl"]["rlsdk_over_trl_step"] > 0
+        assert data["trl"]["rlsdk_over_trl_step"]["embedded"] > 0
 
 
 def trl_missing() -> str | None:

@@ -276,7 +276,7 @@ def test_shapes_section_with_fake_results_shows_rates_runs_skips_and_trl_ratio(
                 "S2-fsdp2-embedded-bf16": measured,
                 "S2-ddp-embedded-bf16": {"skipped": "derived need 30.0 GiB > 20.0 GiB available"},
             },
-            "trl": {"shape": "S1", "rlsdk_over_trl_step": 0.6},
+            "trl": {"shape": "S1", "rlsdk_over_trl_step": {"embedded": 0.6}},
         },
     )
 
@@ -286,4 +286,4 @@ def test_shapes_section_with_fake_results_shows_rates_runs_skips_and_trl_ratio(
     assert "| S2 | 30.0 | 90.0 |" in page
     assert "| S2-fsdp2-embedded-bf16 | 10.0 | 20.0 | 0.50 | 41.0% | 123 | 4.00 | 1.10x | 0.25 |" in page
     assert "| S2-ddp-embedded-bf16 | derived need 30.0 GiB > 20.0 GiB available |" in page
-    assert "rlsdk / TRL GRPOTrainer per-step time at S1: 0.60." in page
+    assert "rlsdk (embedded engine) / TRL GRPOTrainer per-step time at S1: 0.60." in page
