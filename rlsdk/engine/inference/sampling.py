@@ -206,7 +206,8 @@ def sample_completions(
             else:
                 tokens_B_C[rows_A, step], mask_B_C[rows_A, step] = token_A, live_A
                 logprobs_B_C[rows_A, step] = token_logprob_A
-            done_A = done_A | torch.isin(token_A, eos_ids)
+            ended_A = torch.isin(token_A, eos_ids)  # rows that end with this token
+            done_A = done_A | ended_A
             steps = step + 1
             if steps == max_new_tokens:
                 break

@@ -28,7 +28,8 @@ def row_lengths(shard: dict[str, torch.Tensor]) -> tuple[list[int], list[int]]:
     context_B_C = shard.get("completion_attention_mask_B_C", shard["completion_mask_B_C"]).bool()
     width = context_B_C.shape[1]
     # the last True column + 1 (0 for an empty row): masks may have holes (multi-turn tool outputs)
-    last_B = torch.where(context_B_C, torch.arange(1, width + 1), 0).amax(dim=1) if width else prompt_B * 0
+    columns_C = torch.arange(1, width + 1, device=context_B_C.device)
+    last_B = torch.where(context_B_C, columns_C, 0).amax(dim=1) if width else prompt_B * 0
     return prompt_B.tolist(), last_B.tolist()
 
 
@@ -88,7 +89,7 @@ def equalize(batches: list[list[int]], count: int, prompts: list[int], completio
 def take(shard: dict[str, torch.Tensor], rows: list[int], prompt_len: int, completion_len: int) -> dict:
     """The micro-batch of ``rows``, trimmed to its longest prompt (the last ``prompt_len`` columns: left padding)
     and completion (the first ``completion_len`` columns)."""
-    index = torch.tensor(rows, dtype=torch.long)
+    index = torch.tensor(rows, dtype=torch.long, device=shard["completion_ids_B_C"].device)
     micro: dict[str, torch.Tensor] = {}
     for name, tensor in shard.items():
         selected = tensor[index]
