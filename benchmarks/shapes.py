@@ -258,15 +258,14 @@ def activation_bytes_per_token_layer(shape: Shape, parallelism: str, precision: 
 
 def rank_memory_model(
     shape: Shape, parallelism: str, precision: str, *, world: int, micro_batch_tokens: int, chunk_mib: int | None,
-    micro_batches: int, baseline_bytes: int, completion_tokens: int,
+    baseline_bytes: int, completion_tokens: int,
 ) -> dict[str, float]:  # fmt: skip
     """Expected peak RSS of one train rank during an update, from first principles, in bytes per component.
 
-    - ``parameters``, ``gradients``: float32, ``N / world`` each with FSDP2 (its shard), ``N`` with DDP;
+    - ``parameters``, ``gradients``: float32, ``N / world`` each with FSDP2 (its shard; every micro-batch
+      reduce-scatters, so no unsharded gradient outlives a backward), ``N`` with DDP;
     - ``adamw_states``: exp_avg and exp_avg_sq, float32, the same share;
     - ``ddp_buckets``: DDP's flat gradient buckets beside the gradients (``4 N``);
-    - ``unsharded_accumulated_grads``: FSDP2 skips the reduce-scatter of all but the last micro-batch and
-      accumulates full, unsharded gradients in the compute dtype (bf16: 2 N; fp32: 4 N) when there are several;
     - ``gathered_parameters``: FSDP2's root (embedding/LM head, kept gathered from forward to backward) and two
       decoder layers (the one computing and the prefetched one) in the compute dtype; DDP with autocast keeps
       bf16 copies of every weight it cast (2 N) until the backward;
@@ -290,7 +289,6 @@ def rank_memory_model(
         "gradients": 4.0 * n * share,
         "adamw_states": 8.0 * n * share,
         "ddp_buckets": 4.0 * n if parallelism == "ddp" else 0.0,
-        "unsharded_accumulated_grads": float(compute * n) if parallelism == "fsdp2" and micro_batches > 1 else 0.0,
         "gathered_parameters": float(
             compute * (shape.vocab * shape.hidden + 2 * layer_params)
             if parallelism == "fsdp2"
@@ -591,10 +589,10 @@ def micro_batch_tokens(shape: Shape) -> tuple[int, int, int]:
 
 def derived_memory(run: Run, baseline: int) -> dict[str, float]:
     shape = SHAPES[run.shape]
-    tokens, count, completion = micro_batch_tokens(shape)
+    tokens, _, completion = micro_batch_tokens(shape)
     return rank_memory_model(
         shape, run.parallelism, run.precision, world=2, micro_batch_tokens=tokens,
-        chunk_mib=None if run.logits == "materialised" else 32, micro_batches=count, baseline_bytes=baseline,
+        chunk_mib=None if run.logits == "materialised" else 32, baseline_bytes=baseline,
         completion_tokens=completion,
     )  # fmt: skip
 
@@ -786,6 +784,8 @@ def main() -> None:
     )
     parser.add_argument("--models", default=None, help="folder for the built models (kept; default: a temp folder)")
     parser.add_argument("--only", nargs="+", default=None, help="run only these runs (names as printed)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps per run (default: per shape)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per run (default: per shape)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--worker-trl", help=argparse.SUPPRESS)
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)
@@ -816,6 +816,15 @@ def main() -> None:
         runs = default_runs(shapes, engines, args.quick)
         if args.only:
             runs = [run for run in runs if run.name in args.only]
+        if args.warmup is not None or args.steps is not None:
+            runs = [
+                dataclasses.replace(
+                    run,
+                    warmup=run.warmup if args.warmup is None else args.warmup,
+                    steps=run.steps if args.steps is None else args.steps,
+                )
+                for run in runs
+            ]
         results = run_ladder(runs, models, root, rates, baseline)
         trl = None
         if args.trl if args.trl is not None else importlib.util.find_spec("trl") is not None:

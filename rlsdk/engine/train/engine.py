@@ -292,21 +292,15 @@ class TrainEngine:
         ]
 
     def _no_sync(self) -> contextlib.AbstractContextManager[Any]:
-        """Skip the gradient reduction of a non-final micro-batch (gradients accumulate locally, unsharded
-        with 'fsdp2'); the last micro-batch's backward reduces the sum."""
+        """'ddp': skip the gradient all-reduce of a non-final micro-batch (gradients accumulate locally; the last
+        micro-batch's backward reduces the sum). 'fsdp2': nothing is skipped: every micro-batch's backward
+        reduce-scatters, and the float32 gradients accumulate in this rank's shard. Skipping would keep the whole
+        model's unsharded gradients on every rank between micro-batches (FSDP2 upcasts them to the float32 reduce
+        dtype: 4 bytes per parameter), the memory FSDP2 is chosen to save; the price is one reduce-scatter per
+        micro-batch instead of per update."""
         if not self.fsdp2:
             return self.accelerator.no_sync(self.model)
-        model = self.model
-
-        @contextlib.contextmanager
-        def no_sync() -> Any:
-            model.set_requires_gradient_sync(False)
-            try:
-                yield
-            finally:
-                model.set_requires_gradient_sync(True)
-
-        return no_sync()
+        return contextlib.nullcontext()
 
     def update(
         self,
@@ -359,8 +353,9 @@ class TrainEngine:
         outputs are in context but not trained on; default: ``completion_mask_B_C``). Every rank runs the same number of
         forward/backward passes (equal shards of ``train.micro_batch_size`` rows, or token-budget micro-batches whose
         count the ranks agree on, see :meth:`_micro_batches`), so DDP's all-reduces (FSDP2's all-gathers and
-        reduce-scatters) match; only the last micro-batch synchronises gradients. ``num_tokens_global``
-        is the completion-token count of the whole batch across ranks; each rank divides by ``num_tokens_global /
+        reduce-scatters) match; with 'ddp' only the last micro-batch synchronises gradients (see :meth:`_no_sync`).
+        ``num_tokens_global`` is the completion-token count of the whole batch across ranks; each rank divides by
+        ``num_tokens_global /
         world_size`` because DDP's all-reduce and FSDP2's reduce-scatter both AVERAGE gradients, so the result is the
         gradient of the global token-mean loss. ``num_sequences_global`` (default: this shard's sequences times the
         world size, as every rank gets an equal shard) is divided the same way for the per-sequence aggregations of
