@@ -318,6 +318,12 @@ class TrainEngine:
         command.
         """
         start = time.perf_counter()
+        if self.fsdp2:
+            from rlsdk.engine.train.fsdp import release_freed_memory
+
+            # The last sync and checksum gathered whole weights (on the writer rank: all of them); glibc keeps the
+            # freed pages, which would sit under this update's peak.
+            release_freed_memory()
         sums = self.accumulate_gradients(shard, num_tokens_global, num_sequences_global=num_sequences_global)
         grad_norm = torch.tensor(float("nan"))
         if self.config.train.max_grad_norm is not None:
