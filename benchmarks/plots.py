@@ -6,7 +6,9 @@ Reads ``RESULTS/NAME.json`` (default ``benchmarks/results``) and writes, for eac
   bars) and ``scaling_ranks.png`` (update and step time over the fewest ranks' time, against ranks);
 - ``trl_compare.json`` -> ``trl_compare.png`` (seconds to the target reward and ms per step per system, median
   over seeds with min-max whiskers; misses are counted in the labels);
-- ``async_rollouts.json`` -> ``async_rollouts.png`` (sequential against async: seconds to the target, ms per step).
+- ``async_rollouts.json`` -> ``async_rollouts.png`` (sequential against async: seconds to the target, ms per step);
+- ``shapes.json`` -> ``shapes.png`` (per run of the shape ladder: update MFU, and each rank's peak memory during
+  the update over the first-principles figure).
 
 The PNGs are committed artifacts made by ``make bench`` (which runs this last); the docs build only links them.
 Needs matplotlib (the ``docs`` extra). Usage: ``python benchmarks/plots.py [--results DIR] [--out DIR]``.
@@ -166,10 +168,31 @@ def plot_async(data: dict[str, Any], out: Path) -> list[Path]:
     return [_save(fig, out / "async_rollouts.png")]
 
 
+def plot_shapes(data: dict[str, Any], out: Path) -> list[Path]:
+    plt = _pyplot()
+    runs = {name: row for name, row in (data.get("runs") or {}).items() if "update_mfu" in row}
+    if not runs:
+        return []
+    names = list(runs)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 0.5 * len(names) + 1.8), sharey=True)
+    axes[0].barh(range(len(names)), [runs[n]["update_mfu"] * 100 for n in names], color="tab:blue")
+    axes[0].set_xlabel("update MFU (% of the measured GEMM rate, same dtype)")
+    axes[1].barh(range(len(names)), [runs[n]["rank_update_peak_over_derived"] for n in names], color="tab:orange")
+    axes[1].axvline(1.3, linestyle="--", color="grey", label="1.3x derived")
+    axes[1].set_xlabel("rank peak RSS during the update / derived")
+    axes[1].legend(fontsize=8)
+    axes[0].set_yticks(range(len(names)), names, fontsize=8)
+    for ax in axes:
+        ax.grid(True, axis="x", alpha=0.3)
+    fig.suptitle(f"Shape ladder, 2 ranks{_quick_note(data)}", fontsize=10)
+    return [_save(fig, out / "shapes.png")]
+
+
 PLOTS: dict[str, Callable[[dict[str, Any], Path], list[Path]]] = {
     "scaling.json": plot_scaling,
     "trl_compare.json": plot_trl_compare,
     "async_rollouts.json": plot_async,
+    "shapes.json": plot_shapes,
 }
 
 

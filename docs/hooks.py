@@ -8,8 +8,9 @@
 - ``benchmarks.md``: how to run the benchmarks (``make bench``), then one section per benchmark with the exact
   command that reproduces it and its figures from ``benchmarks/results/NAME.json`` when that file exists:
   session overhead, the peer comparison (``trl_compare.json``), async vs sequential rollouts, scaling curves,
-  soak, vLLM sync, tracer overhead and the dashboard log flood. Plots (``docs/img/benchmarks/*.png``, drawn by
-  ``benchmarks/plots.py`` during ``make bench``, never here) are embedded when they exist.
+  soak, vLLM sync, the shape ladder (``shapes.json``), tracer overhead and the dashboard log flood. Plots
+  (``docs/img/benchmarks/*.png``, drawn by ``benchmarks/plots.py`` during ``make bench``, never here) are
+  embedded when they exist.
 
 ``python docs/hooks.py OUT_DIR`` writes the same pages into ``OUT_DIR`` to read them without mkdocs.
 """
@@ -50,6 +51,7 @@ def generate_pages() -> dict[str, str]:
         + scaling_section(ROOT / RESULTS / "scaling.json")
         + soak_section(ROOT / RESULTS / "soak.json")
         + vllm_section(ROOT / RESULTS / "vllm_sync.json")
+        + shapes_section(ROOT / RESULTS / "shapes.json")
         + tracer_section(ROOT / RESULTS / "tracer_overhead.json")
         + dashboard_section(ROOT / RESULTS / "dashboard_logs.json"),
     }
@@ -477,6 +479,55 @@ def vllm_section(path: Path) -> str:
             f"| ratio (target >= 0.9) | {_ratio(rollout.get('ratio'))} |",
         ]
     return "\n".join([*lines, ""])
+
+
+def shapes_section(path: Path) -> str:
+    """``benchmarks/shapes.py``: seconds, memory, MFU and sync rate per shape, parallelism, engine and precision."""
+    if not path.is_file():
+        return ""
+    data = json.loads(path.read_text())
+    cpu, rates = data.get("cpu") or {}, data.get("rates") or {}
+    flags = ", ".join(flag for flag, on in (cpu.get("flags") or {}).items() if on)
+    lines = [
+        "",
+        "## Shape ladder" + (QUICK if data.get("quick") else ""),
+        "",
+        f"`python benchmarks/shapes.py --json {RESULTS}/shapes.json`: S0 (the toy), S1 (~25M parameters, 32k",
+        "BPE vocabulary, 64/256 tokens, 8 x 8), S2 (the Qwen2.5-0.5B shape, 128/256 tokens, 4 x 4), each a real",
+        "Session on 2 ranks (1 thread each) in a fresh process; medians over the timed steps. MFU: model FLOPs of the",
+        "update over its seconds, against 2 x the one-thread GEMM rate this run measured in the same dtype; the rank",
+        "peak is over the first-principles figure of ``rank_memory_model`` (see docs/howto/real-shapes.md). CPU flags:",
+        f"{flags or 'n/a'}; memcpy {(rates.get('memcpy_bytes_per_s') or 0) / 1e9:.2f} GB/s. " + _environment(data),
+        "",
+        "| shape | GEMM fp32 (GFLOP/s) | GEMM bf16 (GFLOP/s) |",
+        "| --- | --- | --- |",
+    ]
+    for shape, row in (rates.get("gemm_flops_per_s") or {}).items():
+        lines.append(f"| {shape} | {row.get('fp32', 0) / 1e9:.1f} | {row.get('bf16', 0) / 1e9:.1f} |")
+    lines += [
+        "",
+        "| run | rollout (s) | update (s) | sync (s) | MFU | gen tok/s | rank peak (GiB) | over derived "
+        "| sync / memcpy |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, row in (data.get("runs") or {}).items():
+        if "seconds" not in row:
+            why = row.get("skipped") or row.get("error") or "failed"
+            lines.append(f"| {_cell(name)} | {_cell(why)} | | | | | | | |")
+            continue
+        seconds, peaks = row["seconds"], row.get("peak_rss_mib", {}).get("update", {})
+        rank_peak = max((v for k, v in peaks.items() if k.startswith("rank")), default=0.0) / 1024
+        lines.append(
+            f"| {_cell(name)} | {seconds['rollout']:.1f} | {seconds['update']:.1f} | {seconds['sync']:.2f} | "
+            f"{row['update_mfu']:.1%} | {row['generation_tokens_per_s']:.0f} | {rank_peak:.2f} | "
+            f"{row['rank_update_peak_over_derived']:.2f}x | {row['sync_over_memcpy']:.2f} |"
+        )
+    trl = data.get("trl") or {}
+    for engine, ratio in (trl.get("rlsdk_over_trl_step") or {}).items():
+        lines += ["", f"rlsdk ({engine} engine) / TRL GRPOTrainer per-step time at {trl.get('shape')}: {ratio:.2f}."]
+    lines.append("")
+    lines += _plot("shapes.png", "update seconds and MFU per run, rank peak memory over the derived figure")
+    return "\n".join(lines)
 
 
 def tracer_section(path: Path) -> str:

@@ -474,12 +474,15 @@ class Session:
         if self._resume is not None:
             self._restore(self._resume[0], self._resume[1], trainer)
         self.versions.trainer_checksum = trainer["checksum"]
-        if cfg.inference.engine != "embedded" or self._resume is not None or cfg.train.lora_rank > 0:
+        served_as_trained = (cfg.inference.dtype or cfg.model.dtype) == cfg.model.dtype
+        lora = cfg.train.lora_rank > 0
+        if cfg.inference.engine != "embedded" or self._resume is not None or lora or not served_as_trained:
             # The server's loader gives no checksum of what it loaded from the model directory, and an attached
             # server may hold anything: publish the trainer's v0 and verify it like every later sync. A resumed
             # trainer is at the checkpoint's version, which the engine (loaded from model.path) is not. The
             # colocated engine's first sync checks that every rank holds the same v0. With LoRA the engine serves
-            # the base alone until it loads the trainer's v0 adapter.
+            # the base alone until it loads the trainer's v0 adapter. An engine serving another dtype checksums the
+            # published bytes it loads, so it is verified the same way.
             if trainer.get("base_checksum") is not None and cfg.inference.engine == "embedded":
                 # LoRA: the adapter sync verifies only the adapter; the base both sides loaded is checked here.
                 base = await self._engine().weight_info()
@@ -611,7 +614,7 @@ class Session:
             return await asyncio.to_thread(
                 EmbeddedEngine.from_pretrained,
                 cfg.model.path,
-                dtype=cfg.model.dtype,
+                dtype=inference.dtype or cfg.model.dtype,
                 num_threads=inference.num_threads if inference.num_threads is not None else self._engine_threads,
                 max_batch_size=inference.max_batch_size,
                 special_tokens=special,
@@ -659,6 +662,7 @@ class Session:
                 runtime_dir=self._runtime_dir.path,
                 weights_dir=self._publish_dir,
                 special_tokens=special,
+                dtype=inference.dtype or cfg.model.dtype,
             )
             self._engine_watch = asyncio.get_running_loop().create_task(self._watch_engine(engine))
         return engine
@@ -1261,8 +1265,9 @@ class Session:
         if agreement["agreement/logprob_absdiff_mean"] > cfg.inference.logprob_warn_threshold:
             logger.warning(
                 "update %d: trainer and engine disagree: mean |logprob diff| %.4g (max %.4g, ratio in "
-                "[%.3f, %.3f]) > inference.logprob_warn_threshold=%g over %d tokens of behaviour versions %s; "
-                "stale or corrupted engine weights, a dtype mismatch, or top-k/top-p sampling?",
+                "[%.3f, %.3f]) > inference.logprob_warn_threshold=%g over %d tokens of behaviour versions %s "
+                "(engine serves %s, trainer computes in %s); stale or corrupted engine weights, a dtype "
+                "mismatch, or top-k/top-p sampling?",
                 self.step,
                 agreement["agreement/logprob_absdiff_mean"],
                 agreement["agreement/logprob_absdiff_max"],
@@ -1271,6 +1276,8 @@ class Session:
                 cfg.inference.logprob_warn_threshold,
                 int(totals["tokens"]),
                 rollout.versions,
+                cfg.inference.dtype or cfg.model.dtype,
+                "bf16 (float32 master weights)" if cfg.train.mixed_precision == "bf16" else cfg.model.dtype,
             )
         if stale:
             logger.info(

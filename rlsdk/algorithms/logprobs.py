@@ -6,7 +6,21 @@ Shape names: ``B`` = sequences, ``T`` = time, ``V`` = vocabulary, ``P`` = prompt
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
 import torch
+
+from rlsdk.algorithms.chunked_head import head_logprobs
+from rlsdk.observe.logging import get_logger
+
+logger = get_logger(__name__)
+
+# The largest float32 logits tensor ``completion_logprobs`` materialises (bytes). A micro-batch whose ``[B, C, V]``
+# logits fit takes the one-call path (the toy task: 16-token vocabulary); beyond it the LM head runs fused, one
+# chunk of this many bytes of logits at a time, so the peak no longer grows with ``B x C x V``.
+DEFAULT_MAX_LOGITS_BYTES = 32 * 2**20
 
 
 def _check_temperature(temperature: float) -> None:
@@ -65,6 +79,8 @@ def completion_logprobs(
     entropy_grad: bool = False,
     attention_mask_B_C: torch.Tensor | None = None,
     share_prompts: bool = False,
+    max_logits_bytes: int | None = DEFAULT_MAX_LOGITS_BYTES,
+    uniform_calls: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities (and optionally entropies) of the completion tokens, in one forward pass.
 
@@ -99,15 +115,32 @@ def completion_logprobs(
             nothing). Two model calls instead of one, the same logprobs, entropies and gradients to float
             rounding, and ``(B - U) x P`` fewer token positions through the model (``U`` distinct prompts).
             Used only when some prompt repeats and the model's forward returns a transformers cache with
-            ``batch_select_indices`` (every transformers causal LM); otherwise the one-call path runs.
+            ``batch_select_indices`` that the prompt pass filled (every transformers causal LM, unless gradient
+            checkpointing turns its cache off); otherwise the one-call path runs.
+        max_logits_bytes: > 0, the largest float32 logits tensor to materialise. When the completion logits
+            (``B x C x V x 4`` bytes) exceed it and the model's output embedding is a plain ``nn.Linear`` (every
+            transformers causal LM without a logits post-processor), the LM head runs fused: the model returns
+            its final hidden states to :func:`~rlsdk.algorithms.chunked_head.head_logprobs`, which applies the
+            head one chunk of ``max_logits_bytes`` of logits at a time and recomputes each chunk in the backward
+            (same values and gradients to float rounding). ``None``: always materialise ``[B, C, V]`` logits.
+        uniform_calls: make the same model calls whatever the data (given whether ``C == 1``): with
+            ``share_prompts`` the prompt pass runs even when no prompt repeats. FSDP2 ranks all-gather in every
+            model call, so ranks whose micro-batches differ in repeats would otherwise issue different collectives
+            and hang (the shared path makes one call when ``C == 1``, two otherwise: callers that trim
+            micro-batches keep ``C >= 2`` where the batch has it).
 
     Returns:
         ``(logprobs_B_C, entropy_B_C or None)``, float32, in nats.
 
     Raises:
-        ValueError: mismatched shapes (naming the tensors), ``P == 0`` or ``temperature <= 0``.
+        ValueError: mismatched shapes (naming the tensors), ``P == 0``, ``temperature <= 0`` or
+            ``max_logits_bytes <= 0``.
+        RuntimeError: on the fused path, the model changed the head's output before returning it (e.g. logit
+            soft-capping); pass ``max_logits_bytes=None`` for such a model.
     """
     _check_temperature(temperature)
+    if max_logits_bytes is not None and max_logits_bytes <= 0:
+        raise ValueError(f"max_logits_bytes={max_logits_bytes!r} is invalid: allowed > 0 or None")
     if prompt_ids_B_P.dim() != 2 or prompt_ids_B_P.shape != prompt_mask_B_P.shape:
         raise ValueError(
             f"prompt_ids_B_P shape {tuple(prompt_ids_B_P.shape)} and prompt_mask_B_P shape "
@@ -135,11 +168,20 @@ def completion_logprobs(
     context_mask_B_C = completion_mask_B_C if attention_mask_B_C is None else attention_mask_B_C
     attention_mask_B_T = torch.cat([prompt_mask_B_P.long(), context_mask_B_C.long()], dim=1)
     position_ids_B_T = (attention_mask_B_T.cumsum(dim=1) - 1).clamp(min=0)
+    head = _fusable_head(model, completion_ids_B_C.numel(), max_logits_bytes)
+    if head is not None:
+        assert max_logits_bytes is not None  # a head is only returned with a budget
+        fused = _FusedHead(head, temperature, with_entropy, entropy_grad, max_logits_bytes)
+        return _fused_completion_logprobs(
+            model, fused, prompt_ids_B_P, prompt_mask_B_P, completion_ids_B_C, attention_mask_B_T, position_ids_B_T,
+            share_prompts=share_prompts, uniform_calls=uniform_calls,
+        )  # fmt: skip
     logits_B_C_V = None
     if share_prompts:
         logits_B_C_V = _shared_prompt_logits(
-            model, prompt_ids_B_P, prompt_mask_B_P, completion_ids_B_C, attention_mask_B_T, position_ids_B_T
-        )
+            model, prompt_ids_B_P, prompt_mask_B_P, completion_ids_B_C, attention_mask_B_T, position_ids_B_T,
+            uniform_calls=uniform_calls,
+        )  # fmt: skip
     if logits_B_C_V is None:
         output = model(
             input_ids=torch.cat([prompt_ids_B_P, completion_ids_B_C], dim=1).long(),
@@ -184,6 +226,8 @@ def _shared_prompt_logits(
     completion_ids_B_C: torch.Tensor,
     attention_mask_B_T: torch.Tensor,
     position_ids_B_T: torch.Tensor,
+    *,
+    uniform_calls: bool = False,
 ) -> torch.Tensor | None:
     """The logits ``completion_logprobs`` needs (``[B, C, V]``, predicting each completion token), with every
     distinct prompt through the model once; ``None`` when no prompt repeats or the model returns no selectable
@@ -193,26 +237,16 @@ def _shared_prompt_logits(
     ids, mask and positions; rows with the same ids under the same mask (padding zeroed) share them. The cache
     rows are gathered with an index, so gradients from every completion flow back into the shared prompt pass.
     """
-    batch, prompt_len = prompt_ids_B_P.shape
+    prompt_len = prompt_ids_B_P.shape[1]
     completion_len = completion_ids_B_C.shape[1]
-    prompt_mask_B_P = prompt_mask_B_P.long()
-    key_B_2P = torch.cat([prompt_ids_B_P.long() * prompt_mask_B_P, prompt_mask_B_P], dim=1)
-    first_U, inverse = distinct_rows(key_B_2P.tolist())
-    if len(first_U) == batch:
+    distinct = _distinct_prompts(prompt_ids_B_P, prompt_mask_B_P, uniform_calls)
+    if distinct is None:
         return None
-    unique_U_2P = key_B_2P[torch.tensor(first_U, device=key_B_2P.device)]
-    inverse_B = torch.tensor(inverse, device=key_B_2P.device)
-    prompt_mask_U_P = unique_U_2P[:, prompt_len:]
-    output = model(
-        input_ids=unique_U_2P[:, :prompt_len],
-        attention_mask=prompt_mask_U_P,
-        position_ids=(prompt_mask_U_P.cumsum(dim=1) - 1).clamp(min=0),
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    cache = getattr(output, "past_key_values", None)
-    if not callable(getattr(cache, "batch_select_indices", None)):
+    first_U, inverse_B = distinct
+    prompt_pass = _prompt_pass(model, prompt_ids_B_P, prompt_mask_B_P, first_U)
+    if prompt_pass is None:
         return None
+    output, cache = prompt_pass
     first_B_1_V = output.logits[:, -1:][inverse_B]  # the last prompt position predicts completion token 0
     if completion_len == 1:
         return first_B_1_V
@@ -225,3 +259,176 @@ def _shared_prompt_logits(
         use_cache=True,
     )
     return torch.cat([first_B_1_V, rest.logits], dim=1)
+
+
+def _distinct_prompts(
+    prompt_ids_B_P: torch.Tensor, prompt_mask_B_P: torch.Tensor, uniform_calls: bool = False
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(first_U, inverse_B)`` of the distinct prompts (same ids under the same mask, padding zeroed; see
+    :func:`distinct_rows`); None when no prompt repeats, unless ``uniform_calls``."""
+    prompt_mask_B_P = prompt_mask_B_P.long()
+    key_B_2P = torch.cat([prompt_ids_B_P.long() * prompt_mask_B_P, prompt_mask_B_P], dim=1)
+    first_U, inverse = distinct_rows(key_B_2P.tolist())
+    if len(first_U) == key_B_2P.shape[0] and not uniform_calls:
+        return None
+    return torch.tensor(first_U, device=key_B_2P.device), torch.tensor(inverse, device=key_B_2P.device)
+
+
+def _prompt_pass(
+    model: torch.nn.Module,
+    prompt_ids_B_P: torch.Tensor,
+    prompt_mask_B_P: torch.Tensor,
+    first_U: torch.Tensor,
+) -> tuple[Any, Any] | None:
+    """Run each distinct prompt (rows ``first_U``) through ``model`` once (``logits_to_keep=1``); ``(output,
+    cache)``, or None when the model returned no selectable cache or left it empty (gradient checkpointing turns
+    the cache off)."""
+    prompt_len = prompt_ids_B_P.shape[1]
+    prompt_ids_U_P = prompt_ids_B_P[first_U].long()
+    prompt_mask_U_P = prompt_mask_B_P[first_U].long()
+    output = model(
+        input_ids=prompt_ids_U_P * prompt_mask_U_P,
+        attention_mask=prompt_mask_U_P,
+        position_ids=(prompt_mask_U_P.cumsum(dim=1) - 1).clamp(min=0),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache = getattr(output, "past_key_values", None)
+    if not callable(getattr(cache, "batch_select_indices", None)) or cache.get_seq_length() != prompt_len:
+        return None
+    return output, cache
+
+
+def _fusable_head(model: torch.nn.Module, num_tokens: int, max_logits_bytes: int | None) -> torch.nn.Linear | None:
+    """The model's output embedding when the fused path applies: a budget is set, ``num_tokens`` tokens' float32
+    logits exceed it, and the head is a plain ``nn.Linear`` (a wrapped head, e.g. a LoRA layer, computes more than
+    ``hidden @ weight.T``: it keeps the one-call path, with a warning)."""
+    if max_logits_bytes is None:
+        return None
+    inner = getattr(model, "module", model)  # DDP's wrapped model; FSDP2 shards the model in place
+    get_head = getattr(inner, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    weight = getattr(head, "weight", None)
+    if head is None or weight is None or num_tokens * weight.shape[0] * 4 <= max_logits_bytes:
+        return None
+    if type(head).forward is not torch.nn.Linear.forward or "forward" in vars(head):
+        logger.warning(
+            "%s's output embedding is a %s, not a plain nn.Linear: its [B, C, V] logits are materialised "
+            "(%d tokens x %d vocabulary)",
+            type(inner).__name__,
+            type(head).__name__,
+            num_tokens,
+            weight.shape[0],
+        )
+        return None
+    return head
+
+
+class _FusedHead:
+    """Makes a model call return log-probabilities instead of logits: while :meth:`targets` is active, the output
+    embedding's forward is replaced by :func:`head_logprobs` on the hidden states it receives, inside the model's
+    own forward (so DDP's and FSDP2's forward hooks, and FSDP2's unsharded head weight, apply as usual)."""
+
+    def __init__(
+        self, head: torch.nn.Linear, temperature: float, with_entropy: bool, entropy_grad: bool, chunk_bytes: int
+    ) -> None:
+        self.head = head
+        self.temperature, self.with_entropy, self.entropy_grad = temperature, with_entropy, entropy_grad
+        self.chunk_bytes = chunk_bytes
+
+    @contextlib.contextmanager
+    def targets(self, tokens_B_K: torch.Tensor, rows_B: torch.Tensor | None = None) -> Iterator[list[torch.Tensor]]:
+        """Within the block, the head maps hidden states ``[R, K', H]`` (``K' >= K``; the first ``K`` positions are
+        used, rows gathered by ``rows_B`` when given) to ``[B, K, 1 or 2]``: log-probabilities of ``tokens_B_K``
+        (and entropies). Yields the list the head appends its outputs to."""
+        produced: list[torch.Tensor] = []
+        head = self.head
+
+        def forward(hidden_R_K_H: torch.Tensor) -> torch.Tensor:
+            hidden_B_K_H = hidden_R_K_H[:, : tokens_B_K.shape[1]]
+            if rows_B is not None:
+                hidden_B_K_H = hidden_B_K_H[rows_B]
+            logprobs_B_K, entropy_B_K = head_logprobs(
+                hidden_B_K_H,
+                head.weight,
+                tokens_B_K,
+                bias_V=head.bias,
+                temperature=self.temperature,
+                with_entropy=self.with_entropy,
+                entropy_grad=self.entropy_grad,
+                chunk_bytes=self.chunk_bytes,
+            )
+            parts = [logprobs_B_K] if entropy_B_K is None else [logprobs_B_K, entropy_B_K]
+            produced.append(torch.stack(parts, dim=-1))
+            return produced[-1]
+
+        head.forward = forward  # type: ignore[method-assign]  # an instance attribute: the class's stays as is
+        try:
+            yield produced
+        finally:
+            del head.forward
+
+    def split(self, output: Any, produced: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(logprobs_B_K, entropy_B_K or None)`` from a model output; the model must have returned the head's
+        output unchanged."""
+        if not produced or output.logits is not produced[-1]:
+            raise RuntimeError(
+                "the model changed its LM head's output before returning it (e.g. logit soft-capping or scaling), "
+                "so its log-probabilities cannot be fused with the head; call completion_logprobs with "
+                "max_logits_bytes=None for this model"
+            )
+        stacked_B_K_E = produced[-1]
+        if not self.with_entropy:
+            return stacked_B_K_E[..., 0], None
+        entropy_B_K = stacked_B_K_E[..., 1]
+        return stacked_B_K_E[..., 0], (entropy_B_K if self.entropy_grad else entropy_B_K.detach())
+
+
+def _fused_completion_logprobs(
+    model: torch.nn.Module,
+    fused: _FusedHead,
+    prompt_ids_B_P: torch.Tensor,
+    prompt_mask_B_P: torch.Tensor,
+    completion_ids_B_C: torch.Tensor,
+    attention_mask_B_T: torch.Tensor,
+    position_ids_B_T: torch.Tensor,
+    *,
+    share_prompts: bool,
+    uniform_calls: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`completion_logprobs` with the LM head fused (``fused``): the same one-call and shared-prompt model
+    calls, each returning log-probabilities (and entropies) of its completion tokens instead of logits."""
+    prompt_len = prompt_ids_B_P.shape[1]
+    completion_ids_B_C = completion_ids_B_C.long()
+    completion_len = completion_ids_B_C.shape[1]
+    distinct = _distinct_prompts(prompt_ids_B_P, prompt_mask_B_P, uniform_calls) if share_prompts else None
+    if distinct is not None:
+        first_U, inverse_B = distinct
+        with fused.targets(completion_ids_B_C[:, :1], rows_B=inverse_B) as produced:
+            prompt_pass = _prompt_pass(model, prompt_ids_B_P, prompt_mask_B_P, first_U)
+        if prompt_pass is not None:
+            output, cache = prompt_pass
+            first = fused.split(output, produced)
+            if completion_len == 1:
+                return first
+            cache.batch_select_indices(inverse_B)
+            with fused.targets(completion_ids_B_C[:, 1:]) as produced:
+                output = model(
+                    input_ids=completion_ids_B_C[:, :-1],
+                    attention_mask=attention_mask_B_T[:, : prompt_len + completion_len - 1],
+                    position_ids=position_ids_B_T[:, prompt_len : prompt_len + completion_len - 1],
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+            rest = fused.split(output, produced)
+            entropy_B_C = None if first[1] is None else torch.cat([first[1], rest[1]], dim=1)  # type: ignore[list-item]
+            return torch.cat([first[0], rest[0]], dim=1), entropy_B_C
+    with fused.targets(completion_ids_B_C) as produced:
+        output = model(
+            input_ids=torch.cat([prompt_ids_B_P, completion_ids_B_C], dim=1).long(),
+            attention_mask=attention_mask_B_T,
+            position_ids=position_ids_B_T,
+            use_cache=False,
+            logits_to_keep=completion_len + 1,  # positions P-1 .. P+C-1; the head uses the first C
+        )
+    return fused.split(output, produced)

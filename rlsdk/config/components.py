@@ -309,6 +309,11 @@ class InferenceConfig:
             without it (same rows, seed and weights); explicit prompts, other sampling params or a custom
             workflow generate then and there. Applies with ``rollout.mode='sequential'`` and the default
             single-turn workflow; False = every rollout sends its own command.
+        dtype: The dtype the engine serves the policy in: 'float32', 'bfloat16' or 'float16'; None (default) =
+            model.dtype. Embedded and vLLM engines (vLLM's --dtype); a colocated engine samples with the ranks'
+            own weights. Log-probabilities are float32 either way, and the per-update agreement metrics compare
+            them with the trainer's as they are (a bf16 engine's rounding shows there; see
+            docs/howto/real-shapes.md).
     """
 
     engine: Literal["embedded", "vllm", "colocated"] = "embedded"
@@ -324,6 +329,7 @@ class InferenceConfig:
     extra_server_args: tuple[str, ...] = ()
     weight_transfer: Literal["auto", "reload", "inplace"] = "auto"
     lookahead: bool = True
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -378,7 +384,8 @@ class TrainConfig:
             completions share one prompt), for the policy and the reference model. Same logprobs, entropies and
             gradients to float rounding, fewer token positions through the model (the default task: 1.7x less
             forward/backward time). False = one forward over prompt + completion per sequence. Models whose
-            forward returns no transformers cache fall back to that.
+            forward returns no transformers cache fall back to that, and so does gradient_checkpointing (the
+            checkpointed layers keep no cache).
         eval_every: ``Session.train`` runs ``Session.evaluate`` (held-out prompts, greedy) every N steps and
             after its last step, >= 0; 0 = never.
         lr_scheduler: Learning-rate schedule after the warm-up, from transformers' schedule functions (as TRL):
@@ -404,6 +411,26 @@ class TrainConfig:
             differ from the engine's (which never drops out) and the PPO ratio is no longer 1 on-policy.
         lora_target_modules: Module names (or suffixes) that get adapters, as peft's target_modules; ('all-linear',)
             (default) = every linear layer but the output head. Non-empty.
+        max_tokens_per_micro_batch: Token budget of one micro-batch: a rank's sequences are sorted by length and
+            packed so that rows x (longest prompt + longest completion) stays within it (micro_batch_size still
+            caps the rows), each micro-batch trimmed to its own longest prompt and completion; a sequence longer
+            than the budget forms its own micro-batch. Ranks split micro-batches until they run the same number
+            (one all-reduce of the count per update). None (default) = micro_batch_size sequences per
+            micro-batch, padded to the batch's longest. >= 1. The gradient is the same either way (global loss
+            normalisers).
+        mixed_precision: 'no' (default: every op in model.dtype) or 'bf16': matmuls in bfloat16 on float32 master
+            weights (model.dtype must be 'float32'); gradients, optimizer states and the loss stay float32, and
+            log-probabilities are taken in float32 from the (bf16) logits. 'ddp' runs the forward under
+            ``torch.autocast`` for the ranks' device type; 'fsdp2' uses FSDP2's MixedPrecisionPolicy (bf16
+            parameters gathered and computed with, float32 gradient reduction). See docs/howto/real-shapes.md.
+        gradient_checkpointing: Recompute each decoder layer's activations in the backward instead of keeping
+            them (transformers' non-reentrant checkpointing): activation memory of one layer instead of all, at
+            about one more forward's time; turns share_prompt_prefix off.
+        logits_chunk_mib: Most MiB of float32 logits held at once: a micro-batch whose completion logits exceed
+            it computes its log-probabilities and entropies with the LM head fused, one chunk of tokens at a time
+            (recomputed in the backward), so memory no longer grows with vocabulary x tokens; the same values and
+            gradients to float rounding. >= 1. None = always materialise [B, C, V] logits (for a model whose
+            forward changes its head's output, e.g. logit soft-capping).
     """
 
     lr: float = 1e-3
@@ -428,10 +455,23 @@ class TrainConfig:
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0
     lora_target_modules: tuple[str, ...] = ("all-linear",)
+    max_tokens_per_micro_batch: int | None = None
+    mixed_precision: Literal["no", "bf16"] = "no"
+    gradient_checkpointing: bool = False
+    logits_chunk_mib: int | None = 32
 
     def __post_init__(self) -> None:
         check_types(self)
         require(self, "lr", self.lr > 0, "a finite float > 0")
+        require(
+            self,
+            "max_tokens_per_micro_batch",
+            self.max_tokens_per_micro_batch is None or self.max_tokens_per_micro_batch >= 1,
+            "None or an int >= 1",
+        )
+        require(
+            self, "logits_chunk_mib", self.logits_chunk_mib is None or self.logits_chunk_mib >= 1, "None or an int >= 1"
+        )
         require(self, "weight_decay", self.weight_decay >= 0, "a finite float >= 0")
         require(self, "betas", all(0 <= b < 1 for b in self.betas), "two floats, each in [0, 1)")
         require(

@@ -46,9 +46,10 @@ class SessionConfig:
     Across sections: ``launch.num_ranks`` <= ``data.prompts_per_step`` x ``rollout.group_size`` (every rank
     trains on at least one sample per step); a group-relative advantage ('grpo', 'dr_grpo', 'rloo',
     'reinforce_pp_baseline') needs ``rollout.group_size`` >= 2;
-    ``inference.engine='vllm'`` needs ``model.dtype='float32'``; ``inference.engine='colocated'`` needs
-    ``train.parallelism='ddp'`` and ``rollout.mode='sequential'``; ``train.mini_batch_size`` is a multiple of
-    ``launch.num_ranks`` and at most ``data.prompts_per_step`` x ``rollout.group_size``.
+    ``inference.weight_transfer='inplace'`` needs the engine to serve ``model.dtype``; ``train.mixed_precision=
+    'bf16'`` needs ``model.dtype='float32'``; ``inference.engine='colocated'`` needs ``train.parallelism='ddp'``
+    and ``rollout.mode='sequential'``; ``train.mini_batch_size`` is a multiple of ``launch.num_ranks`` and at
+    most ``data.prompts_per_step`` x ``rollout.group_size``.
     """
 
     model: ModelConfig
@@ -70,12 +71,20 @@ class SessionConfig:
 
     def _validate_cross(self) -> None:
         """Checks spanning sections go here, raising ConfigError naming every field involved."""
-        if self.inference.engine == "vllm" and self.model.dtype != "float32":
-            # TODO(inference): allow bf16/fp16 once the logprob drift of a non-fp32 vLLM server is measured.
+        served = self.inference.dtype or self.model.dtype
+        if self.inference.weight_transfer == "inplace" and served != self.model.dtype:
+            raise ConfigError(
+                "inference.dtype",
+                self.inference.dtype,
+                f"None or model.dtype ({self.model.dtype!r}) when inference.weight_transfer='inplace' (it copies the "
+                "published bytes straight into the served weights; use 'reload' to serve another dtype)",
+            )
+        if self.train.mixed_precision == "bf16" and self.model.dtype != "float32":
             raise ConfigError(
                 "model.dtype",
                 self.model.dtype,
-                "'float32' when inference.engine='vllm' (the server runs with --dtype float32)",
+                "'float32' when train.mixed_precision='bf16' (the master weights, gradients and optimizer states "
+                "stay float32; for pure bf16 training set model.dtype='bfloat16' and train.mixed_precision='no')",
             )
         if self.inference.engine == "colocated" and self.train.parallelism != "ddp":
             raise ConfigError(

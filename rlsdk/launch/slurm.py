@@ -99,7 +99,13 @@ class VllmReplicaSpec:
         replaced = ("--host", "--port", *(arg for arg in extra if arg == "--worker-extension-cls"))
         if launch.inference_tensor_parallel_size > 1:
             extra += ["--tensor-parallel-size", str(launch.inference_tensor_parallel_size)]
-        command = server_command(config.model.path, 0, max_model_len=inference.max_model_len, python=python)
+        command = server_command(
+            config.model.path,
+            0,
+            max_model_len=inference.max_model_len,
+            python=python,
+            dtype=inference.dtype or config.model.dtype,
+        )
         command = [*_without_options(command, replaced), *extra, *inference.extra_server_args]
         env = [f"{key}={value}" for key, value in server_environment({}, inference.kv_cache_gib).items()]
         return cls(

@@ -115,6 +115,19 @@ def peft_missing() -> str | None:
     return None
 
 
+def check_shapes(data: dict[str, Any]) -> None:
+    assert data["cpu"]["flags"] and data["rates"]["memcpy_bytes_per_s"] > 0
+    assert data["rates"]["gemm_flops_per_s"]["S0"]["bf16"] > 0 and data["runtime_baseline_bytes"] > 0
+    assert set(data["runs"]) == {"S0-ddp-embedded-fp32", "S0-fsdp2-embedded-bf16"}  # --quick: S0 only
+    for row in data["runs"].values():
+        assert all(row["seconds"][phase] > 0 for phase in ("rollout", "update", "sync"))
+        assert {"controller", "rank0", "rank1"} <= set(row["peak_rss_mib"]["update"])
+        assert row["update_mfu"] > 0 and row["sync_over_memcpy"] > 0 and row["generation_tokens_per_s"] > 0
+        assert row["derived_rank_memory"]["total"] > 0 and row["rank_update_peak_over_derived"] > 0
+    if data["trl"] is not None:  # trl installed: the interleaved comparison at S0
+        assert data["trl"]["rlsdk_over_trl_step"]["embedded"] > 0
+
+
 def trl_missing() -> str | None:
     if importlib.util.find_spec("trl") is None:
         return 'trl is not installed (the bench extra: pip install -e ".[bench]")'
@@ -146,6 +159,7 @@ CASES: dict[str, tuple[Callable[[dict[str, Any]], None], list[Any], Callable[[],
     "soak": (check_soak, DISTRIBUTED, None),  # 32 s: a 2-rank Session for 30 steps
     "lora": (check_lora, DISTRIBUTED, peft_missing),  # 90 s: 2 Sessions (full, LoRA) x 4 steps
     "live_check_soak": (check_live_check_soak, DISTRIBUTED, None),  # 290 s loaded (vLLM's start 190 s): 4 Sessions
+    "shapes": (check_shapes, DISTRIBUTED, None),  # S0 Sessions (DDP, FSDP2), then TRL and rlsdk at S0
 }
 
 

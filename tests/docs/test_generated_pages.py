@@ -252,3 +252,38 @@ def test_benchmark_plots_are_embedded_only_when_the_png_exists(
     (tmp_path / "docs" / "img" / "benchmarks" / "trl_compare.png").write_bytes(b"\x89PNG")
 
     assert hooks._plot("trl_compare.png", "bars") == ["![bars](img/benchmarks/trl_compare.png)", ""]
+
+
+def test_shapes_section_with_fake_results_shows_rates_runs_skips_and_trl_ratio(
+    hooks: ModuleType, tmp_path: Path
+) -> None:
+    measured = {
+        "seconds": {"rollout": 10.0, "update": 20.0, "sync": 0.5},
+        "peak_rss_mib": {"update": {"controller": 900.0, "rank0": 4096.0, "rank1": 3072.0}},
+        "update_mfu": 0.41,
+        "generation_tokens_per_s": 123.0,
+        "rank_update_peak_over_derived": 1.1,
+        "sync_over_memcpy": 0.25,
+    }
+    path = _write(
+        tmp_path,
+        "shapes.json",
+        {
+            "quick": False,
+            "cpu": {"model": "cpu", "flags": {"avx512_bf16": True, "amx_bf16": False}},
+            "rates": {"memcpy_bytes_per_s": 3e9, "gemm_flops_per_s": {"S2": {"fp32": 30e9, "bf16": 90e9}}},
+            "runs": {
+                "S2-fsdp2-embedded-bf16": measured,
+                "S2-ddp-embedded-bf16": {"skipped": "derived need 30.0 GiB > 20.0 GiB available"},
+            },
+            "trl": {"shape": "S1", "rlsdk_over_trl_step": {"embedded": 0.6}},
+        },
+    )
+
+    page = hooks.shapes_section(path)
+
+    assert "## Shape ladder" in page and "avx512_bf16; memcpy 3.00 GB/s" in page
+    assert "| S2 | 30.0 | 90.0 |" in page
+    assert "| S2-fsdp2-embedded-bf16 | 10.0 | 20.0 | 0.50 | 41.0% | 123 | 4.00 | 1.10x | 0.25 |" in page
+    assert "| S2-ddp-embedded-bf16 | derived need 30.0 GiB > 20.0 GiB available |" in page
+    assert "rlsdk (embedded engine) / TRL GRPOTrainer per-step time at S1: 0.60." in page

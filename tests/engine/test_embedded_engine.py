@@ -182,6 +182,35 @@ def test_load_weights_bumps_version_and_checksum_matches_saved_model(
     _assert_well_formed(result, engine.pad_token_id, engine.eos_token_id, version=1)
 
 
+def test_bfloat16_engine_loads_float32_weights_and_reports_the_published_bytes_checksum(
+    model_dir: Path, prompt_ids: list[list[int]], tmp_path: Path
+) -> None:
+    # inference.dtype='bfloat16' beside a float32 trainer: the served weights are the published ones, rounded
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM
+
+    trained = AutoModelForCausalLM.from_pretrained(build_tiny_policy(tmp_path / "other", seed=123))
+    weights_path = tmp_path / "v1.safetensors"
+    save_model(trained, str(weights_path))
+    engine = EmbeddedEngine.from_pretrained(model_dir, dtype="bfloat16")
+
+    async def go() -> tuple[object, GenerateResult]:
+        try:
+            loaded = await engine.load_weights(str(weights_path), version=1)
+            return loaded, await engine.generate(prompt_ids, SamplingParams(max_new_tokens=4, seed=0))
+        finally:
+            await engine.close()
+
+    loaded, result = asyncio.run(go())
+
+    assert loaded.checksum == state_dict_checksum(trained.state_dict())
+    served = engine.model.state_dict()
+    assert all(tensor.dtype == torch.bfloat16 for tensor in served.values() if tensor.is_floating_point())
+    for name, tensor in trained.state_dict().items():
+        torch.testing.assert_close(served[name], tensor.bfloat16(), rtol=0, atol=0, msg=name)
+    _assert_well_formed(result, engine.pad_token_id, engine.eos_token_id, version=1)
+
+
 def test_load_weights_missing_file_raises_file_not_found(model_dir: Path, tmp_path: Path) -> None:
     engine = EmbeddedEngine.from_pretrained(model_dir)
 

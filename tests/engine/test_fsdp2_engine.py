@@ -18,17 +18,21 @@ pytestmark = pytest.mark.distributed
 
 STEPS = 3
 RTOL, ATOL = 1e-4, 1e-5
-# The key bias's gradient is analytically zero (it shifts every attention score of a query equally; softmax is
-# shift-invariant), so AdamW turns float noise of either reduction order into lr-sized steps: measured
-# |DDP - FSDP2| 7.8e-6 after 3 steps of lr 1e-2 that moved it 3e-2. Every other tensor: <= 1.1e-6 with one
-# forward per sequence; <= 6.2e-6 when two of the steps share prompts (two forwards per micro-batch, another
-# reduction order; AdamW's first steps are ~lr x sign(grad), so near-zero gradient entries amplify the noise).
-# The gradients themselves match the single-process reference to 1e-6 (tests/engine/test_ddp_gradients.py).
+# Weights after 3 AdamW steps of lr 1e-2 (each moves a weight by up to ~3e-2): float noise of another reduction
+# order, amplified by AdamW (its first steps are ~lr x sign(grad), so near-zero gradient entries turn noise into
+# lr-sized steps). FSDP2 runs the shared-prompt path (two forwards per micro-batch) in every step, also where no
+# prompt repeats (step 2; uniform_calls: its ranks must make the same model calls), DDP one forward there, and
+# FSDP2 reduce-scatters every micro-batch where DDP all-reduces once: measured |DDP - FSDP2| <= 2.3e-5 (<= 6.2e-6
+# when both took the same forward path). The key bias's gradient is
+# analytically zero (it shifts every attention score of a query equally; softmax is shift-invariant): its whole
+# movement is such noise, measured 9.7e-6. The gradients themselves match the single-process reference to 1e-6
+# (tests/engine/test_ddp_gradients.py, tests/engine/test_micro_batches.py).
+WEIGHT_ATOL = 5e-5
 NOISE_ONLY_ATOL = {"self_attn.k_proj.bias": 1e-4}
 
 
 def _atol(name: str) -> float:
-    return next((atol for suffix, atol in NOISE_ONLY_ATOL.items() if name.endswith(suffix)), ATOL)
+    return next((atol for suffix, atol in NOISE_ONLY_ATOL.items() if name.endswith(suffix)), WEIGHT_ATOL)
 
 
 def _run_engine(rank: int, world_size: int, parallelism: str, model_dir: str, batches: list, out: str) -> dict:

@@ -116,13 +116,25 @@ def test_session_start_with_vllm_and_an_unsupported_head_size_raises_config_erro
     assert {p.pid for p in psutil.Process(os.getpid()).children(recursive=True)} <= children_before
 
 
-def test_session_config_with_vllm_and_bf16_model_raises_config_error_naming_model_dtype() -> None:
+def test_server_command_serves_the_dtype_it_is_told() -> None:
+    from rlsdk.engine.inference.vllm_server import server_command
+
+    cmd = server_command("/m", 1234, dtype="bfloat16")
+
+    assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
+
+
+def test_session_config_with_vllm_inplace_transfer_and_another_served_dtype_raises_naming_inference_dtype() -> None:
     from rlsdk.config import ModelConfig
 
+    SessionConfig(model=ModelConfig(path="m", dtype="bfloat16"), inference=InferenceConfig(engine="vllm"))  # allowed
     with pytest.raises(ConfigError) as info:
-        SessionConfig(model=ModelConfig(path="m", dtype="bfloat16"), inference=InferenceConfig(engine="vllm"))
+        SessionConfig(
+            model=ModelConfig(path="m"),
+            inference=InferenceConfig(engine="vllm", weight_transfer="inplace", dtype="bfloat16"),
+        )
 
-    assert info.value.field == "model.dtype" and "vllm" in str(info.value)
+    assert info.value.field == "inference.dtype" and "inplace" in str(info.value)
 
 
 def _failed_sync(handler: Any, version: int, sync_timeout_s: float) -> Any:

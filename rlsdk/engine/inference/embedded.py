@@ -311,6 +311,14 @@ class EmbeddedEngine:
 
         if Path(path).is_dir():
             self._load_adapter_sync(path)
+        elif self._casts(path):
+            from rlsdk.engine.inference.vllm_worker import read_published_weights
+
+            # Served in another dtype than published (inference.dtype): the served tensors cannot match the
+            # trainer's checksum, so the checksum is of what was read, the trainer's bytes (as vLLM's worker).
+            _, state_dict = read_published_weights(path)
+            self._model.load_state_dict(state_dict, strict=True)
+            self._checksum = state_dict_checksum(state_dict)
         else:
             load_model(self._model, path, strict=True)
             self._checksum = state_dict_checksum(self._model.state_dict())
@@ -328,6 +336,19 @@ class EmbeddedEngine:
         self._model, self._checksum = load_adapter(self._model, path)
         self._model.eval()
 
+    def _casts(self, path: str) -> bool:
+        """Whether the file's floating tensors are stored in another dtype than the served parameters'."""
+        from safetensors import safe_open
+
+        served = next(self._model.parameters()).dtype
+        codes = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
+        with safe_open(path, framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                stored = codes.get(handle.get_slice(name).get_dtype())
+                if stored is not None:
+                    return stored != served
+        return False
+
     async def load_weights(self, path: str, version: int) -> WeightInfo:
         """Load weights saved by ``safetensors.torch.save_model(model, path)``, or the LoRA adapter directory at
         ``path`` (:func:`~rlsdk.engine.lora.publish_adapter`, applied to the served base weights); serve them as
@@ -336,7 +357,8 @@ class EmbeddedEngine:
         A generation running now applies them before its next decode step (its later tokens carry
         ``version``); otherwise they load on the worker thread at once. Returns when they are served. The
         returned checksum is ``state_dict_checksum`` of the loaded weights (of the adapter's tensors for an
-        adapter).
+        adapter); when the engine serves another dtype than the file stores (``inference.dtype``), of the file's
+        tensors as read (tied names restored), which are what the trainer checksummed.
 
         Raises:
             FileNotFoundError: ``path`` does not exist.

@@ -63,6 +63,22 @@ def _filter_logits(logits_B_V: torch.Tensor, top_k: int, top_p: float) -> torch.
     return logits_B_V
 
 
+def _draw(
+    probs_A_V: torch.Tensor, rows_A: torch.Tensor | None, batch: int, generator: torch.Generator | None
+) -> torch.Tensor:
+    """One token per row from ``probs_A_V``: ``torch.multinomial(probs, 1)``'s draw.
+
+    multinomial draws one sample as ``argmax(p / q)`` with ``q ~ Exp(1)`` noise for every entry of ``p`` (the
+    Gumbel-max trick). Once finished rows have left the batch (``rows_A``: each row's index among the ``batch``
+    rows the call started with), the noise is still drawn for all ``batch`` rows and each row takes its own: the
+    generator's stream, and so every row's tokens, stay what they would be without compaction."""
+    if rows_A is None:
+        return torch.multinomial(probs_A_V, 1, generator=generator).squeeze(1)
+    noise_B_V = torch.empty((batch, probs_A_V.shape[1]), dtype=probs_A_V.dtype, device=probs_A_V.device)
+    noise_B_V.exponential_(1, generator=generator)
+    return (probs_A_V / noise_B_V[rows_A]).argmax(dim=-1)
+
+
 def sample_completions(
     model: torch.nn.Module,
     prompt_ids: Sequence[Sequence[int]],
@@ -90,8 +106,11 @@ def sample_completions(
     A row stops after it samples any of the ``eos_token_id`` ids (the EOS token is part of the completion, its
     mask True) or, with ``stop_criteria`` holding stop strings, after the token that completes one in its decoded
     text (that token is kept too; see :mod:`rlsdk.engine.inference.stopping`); the batch stops when every row has
-    stopped or ``params.max_new_tokens`` tokens were drawn. Without stop strings the only device-host sync per
-    decode step is that one "all rows finished?" check.
+    stopped or ``params.max_new_tokens`` tokens were drawn. Finished rows leave the batch (their key/value cache
+    rows dropped, so later decode steps do no work for them) once the row-steps that saves, finished rows x steps
+    left, reach the batch's rows (the cost of copying the cache once): at once in a long generation, rarely in a
+    short one. A seeded call draws the same tokens either way (see :func:`_draw`). Without stop strings the only
+    device-host sync per decode step is the count of finished rows.
 
     Runs under ``torch.inference_mode()``: the returned tensors are inference tensors; ``.clone()`` them
     outside inference mode before using them in autograd.
@@ -115,7 +134,7 @@ def sample_completions(
         float32 logprobs (0.0 where the mask is False). ``C`` is the longest completion (<= max_new_tokens).
 
     Raises:
-        ValueError: empty prompt list or prompt, or invalid sampling parameters.
+        ValueError: empty prompt list or prompt, an empty ``eos_token_id`` list, or invalid sampling parameters.
     """
     from transformers import DynamicCache
 
@@ -145,52 +164,75 @@ def sample_completions(
             use_cache=True,
             logits_to_keep=1,
         )
-        attention_mask_B_T = unique_mask_U_P.long()
-        next_position_B_1 = position_ids_U_P[:, -1:] + 1
-        first_logits_B_1_V = output.logits
+        attention_mask_A_T = unique_mask_U_P.long()
+        next_position_A_1 = position_ids_U_P[:, -1:] + 1
+        first_logits_A_1_V = output.logits
         if len(distinct) < batch:
             inverse_B = torch.tensor(inverse, dtype=torch.long, device=device)
             cache.batch_select_indices(inverse_B)
-            attention_mask_B_T = attention_mask_B_T[inverse_B]
-            next_position_B_1 = next_position_B_1[inverse_B]
-            first_logits_B_1_V = first_logits_B_1_V[inverse_B]
+            attention_mask_A_T = attention_mask_A_T[inverse_B]
+            next_position_A_1 = next_position_A_1[inverse_B]
+            first_logits_A_1_V = first_logits_A_1_V[inverse_B]
 
         tokens_B_C = torch.full((batch, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
         mask_B_C = torch.zeros((batch, max_new_tokens), dtype=torch.bool, device=device)
         logprobs_B_C = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
-        finished_B = torch.zeros(batch, dtype=torch.bool, device=device)
+        # The batch's rows ("A", active): rows_A maps them to the call's rows (None: all of them, in order);
+        # done_A marks rows that have ended but not yet left the batch.
+        rows_A: torch.Tensor | None = None
+        done_A = torch.zeros(batch, dtype=torch.bool, device=device)
         steps = 0
-        logits_B_1_V = first_logits_B_1_V
+        logits_A_1_V = first_logits_A_1_V
         for step in range(max_new_tokens):
-            logits_B_V = logits_B_1_V[:, -1, :].float() / scale
-            logprobs_B_V = torch.log_softmax(logits_B_V, dim=-1)
+            logits_A_V = logits_A_1_V[:, -1, :].float() / scale
+            logprobs_A_V = torch.log_softmax(logits_A_V, dim=-1)
             if temperature == 0:
-                token_B = logits_B_V.argmax(dim=-1)
+                token_A = logits_A_V.argmax(dim=-1)
             else:
-                probs_B_V = _filter_logits(logits_B_V, top_k, top_p).softmax(dim=-1)
-                token_B = torch.multinomial(probs_B_V, 1, generator=generator).squeeze(1)
-            active_B = ~finished_B
-            tokens_B_C[:, step] = torch.where(active_B, token_B, pad_token_id)
-            mask_B_C[:, step] = active_B
-            logprobs_B_C[:, step] = torch.where(
-                active_B, logprobs_B_V.gather(-1, token_B.unsqueeze(-1)).squeeze(-1), 0.0
-            )
-            finished_B = finished_B | stopping.ended_B(tokens_B_C[:, : step + 1], active_B)
+                probs_A_V = _filter_logits(logits_A_V, top_k, top_p).softmax(dim=-1)
+                token_A = _draw(probs_A_V, rows_A, batch, generator)
+            live_A = ~done_A
+            token_A = torch.where(live_A, token_A, pad_token_id)
+            token_logprob_A = torch.where(live_A, logprobs_A_V.gather(-1, token_A.unsqueeze(-1)).squeeze(-1), 0.0)
+            if rows_A is None:
+                tokens_B_C[:, step], mask_B_C[:, step], logprobs_B_C[:, step] = token_A, live_A, token_logprob_A
+            else:
+                tokens_B_C[rows_A, step], mask_B_C[rows_A, step] = token_A, live_A
+                logprobs_B_C[rows_A, step] = token_logprob_A
+            # Rows that end with this token; only stop strings need a row's earlier tokens (its decoded text).
+            if not stopping.stop:
+                history_A_T = token_A.unsqueeze(1)
+            elif rows_A is None:
+                history_A_T = tokens_B_C[:, : step + 1]
+            else:
+                history_A_T = tokens_B_C[rows_A, : step + 1]
+            ended_A = stopping.ended_B(history_A_T, live_A)
+            done_A = done_A | ended_A
             steps = step + 1
-            # One host sync per step: stop as soon as every row has ended.
-            if steps == max_new_tokens or bool(finished_B.all()):
+            if steps == max_new_tokens:
                 break
-            attention_mask_B_T = torch.cat([attention_mask_B_T, attention_mask_B_T.new_ones((batch, 1))], dim=1)
+            finished = int(done_A.sum())  # the one host sync per decode step
+            if finished == done_A.numel():
+                break
+            if finished and finished * (max_new_tokens - steps) >= done_A.numel():
+                keep_A = (~done_A).nonzero().squeeze(1)
+                cache.batch_select_indices(keep_A)
+                rows_A = keep_A if rows_A is None else rows_A[keep_A]
+                attention_mask_A_T, next_position_A_1 = attention_mask_A_T[keep_A], next_position_A_1[keep_A]
+                token_A, done_A = token_A[keep_A], done_A[keep_A]
+            attention_mask_A_T = torch.cat(
+                [attention_mask_A_T, attention_mask_A_T.new_ones((token_A.shape[0], 1))], dim=1
+            )
             if before_step is not None:
                 before_step(steps)
             output = model(
-                input_ids=tokens_B_C[:, step : step + 1],
-                attention_mask=attention_mask_B_T,
-                position_ids=next_position_B_1,
+                input_ids=token_A.unsqueeze(1),
+                attention_mask=attention_mask_A_T,
+                position_ids=next_position_A_1,
                 past_key_values=cache,
                 use_cache=True,
             )
-            logits_B_1_V = output.logits
-            next_position_B_1 = next_position_B_1 + 1
+            logits_A_1_V = output.logits
+            next_position_A_1 = next_position_A_1 + 1
 
         return tokens_B_C[:, :steps], mask_B_C[:, :steps], logprobs_B_C[:, :steps]

@@ -198,8 +198,10 @@ class VLLMEngine:
         weights_dir: str | None = None,
         special_tokens: SpecialTokens | None = None,
         lora_rank: int = 0,
+        dtype: str = "float32",
     ) -> VLLMEngine:
-        """Start a vLLM server for ``model_path`` and return an engine serving v0.
+        """Start a vLLM server for ``model_path`` and return an engine serving v0 in ``dtype``
+        ('float32', 'bfloat16' or 'float16').
 
         The server listens on a Unix socket in ``runtime_dir`` (a private 0700 directory: the Session's
         :class:`~rlsdk.runtime_dir.SessionRuntimeDir`; None = one of its own) and opens no TCP port; its token is
@@ -234,6 +236,7 @@ class VLLMEngine:
             weights_dir=weights_dir,
             # /v1/load_lora_adapter exists only with this; only a LoRA run's server enables it.
             env={**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if lora_rank > 0 else None,
+            dtype=dtype,
         )
         engine = cls(
             server.url,

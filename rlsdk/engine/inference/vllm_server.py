@@ -76,6 +76,7 @@ def server_command(
     max_model_len: int | None = None,
     extra_args: Sequence[str] = (),
     python: str = sys.executable,
+    dtype: str = "float32",
 ) -> list[str]:
     """The server's command line (wrapped in ``rlsdk.launch.pdeathsig``): on the Unix socket ``uds``, else on
     ``host:port`` (a port of None: neither, the caller appends them, as the Slurm replica wrapper does).
@@ -84,6 +85,7 @@ def server_command(
     (:class:`~rlsdk.engine.inference.vllm_auth.RequireToken`; the server refuses to start without it).
     ``extra_args`` may name another ``--worker-extension-cls`` (a weight transfer's own, e.g. the in-place one),
     which then replaces rlsdk's.
+    ``dtype``: the dtype the server computes in (``--dtype``; float32 unless the config says otherwise).
     """
     own = "--worker-extension-cls" in extra_args
     extension = [] if own else ["--worker-extension-cls", WORKER_EXTENSION]
@@ -99,7 +101,7 @@ def server_command(
         "--model", model_path,
         "--served-model-name", SERVED_MODEL_NAME,
         *listen,
-        "--dtype", "float32",
+        "--dtype", dtype,
         "--no-enable-chunked-prefill",
         "--enforce-eager",
         "--enable-scale-out",  # token-in/out /inference/v1/generate, with per-token weight versions
@@ -253,6 +255,7 @@ class VLLMServer:
         env: Mapping[str, str] | None = None,
         runtime_dir: str | None = None,
         weights_dir: str | None = None,
+        dtype: str = "float32",
     ) -> VLLMServer:
         """Start the server on a Unix socket in ``runtime_dir`` and wait until ``/health`` answers 200.
 
@@ -279,7 +282,9 @@ class VLLMServer:
                 "holds: set TMPDIR (or XDG_RUNTIME_DIR) to a shorter directory"
             )
         token = new_token()
-        cmd = server_command(model_path, uds=socket_path, max_model_len=max_model_len, extra_args=extra_args)
+        cmd = server_command(
+            model_path, uds=socket_path, max_model_len=max_model_len, extra_args=extra_args, dtype=dtype
+        )
         environment = server_environment(os.environ if env is None else env, kv_cache_gib)
         environment[TOKEN_ENV] = token  # the environment, not argv: /proc/PID/environ is private to this user
         if weights_dir is not None:

@@ -219,11 +219,19 @@ class TrainEngine:
             if resume_from is not None:
                 model, _ = load_adapter(model, Path(resume_from) / "model")
         self.fsdp2 = train.parallelism == "fsdp2"
+        # bf16 compute on float32 master weights: FSDP2 gathers bf16 parameters (its MixedPrecisionPolicy), DDP
+        # runs the forward under autocast for the ranks' device type.
+        self.compute_dtype = torch.bfloat16 if train.mixed_precision == "bf16" else None
+        if train.gradient_checkpointing:
+            # Non-reentrant: works under DDP and FSDP2, with inputs that need no grad (token ids).
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.fsdp2:
             from rlsdk.engine.train.fsdp import shard_model
 
             # The optimizer is built on the sharded (DTensor) parameters, so its state is sharded too.
-            layers = shard_model(model, accelerator.device.type, accelerator.num_processes)
+            layers = shard_model(
+                model, accelerator.device.type, accelerator.num_processes, compute_dtype=self.compute_dtype
+            )
             logger.info("fsdp2: %d decoder layers sharded separately, then the root", layers)
             self.model: Any = model
             self.optimizer: Any = torch.optim.AdamW(
@@ -281,22 +289,58 @@ class TrainEngine:
             return full_state_dict(self.model, keep=keep)
         return self.unwrapped.state_dict() if keep else None
 
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The forward's mixed-precision context: autocast to ``compute_dtype`` on the ranks' device type ('ddp',
+        and the reference model, which FSDP2 does not wrap); nothing where the parameters are already in it."""
+        if self.compute_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.accelerator.device.type, dtype=self.compute_dtype)
+
+    def _micro_batches(self, shard: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        """This rank's micro-batches: ``train.micro_batch_size`` rows each, or packed to
+        ``train.max_tokens_per_micro_batch`` (see :mod:`rlsdk.engine.train.micro_batches`), the count agreed
+        with the other ranks (an all-reduce MAX every rank calls, whatever its data)."""
+        train = self.config.train
+        batch_size = shard["completion_ids_B_C"].shape[0]
+        micro = train.micro_batch_size
+        if train.max_tokens_per_micro_batch is None:
+            return [
+                {name: tensor[lo : lo + micro] for name, tensor in shard.items()} for lo in range(0, batch_size, micro)
+            ]
+        from rlsdk.engine.train import micro_batches
+
+        prompts, completions = micro_batches.row_lengths(shard)
+        plan = micro_batches.plan(
+            prompts, completions, max_tokens=train.max_tokens_per_micro_batch, max_sequences=micro
+        )
+        count = len(plan)
+        if self.accelerator.num_processes > 1:
+            import torch.distributed as dist
+
+            count_1 = torch.tensor([count], dtype=torch.long, device=self.accelerator.device)
+            dist.all_reduce(count_1, op=dist.ReduceOp.MAX)
+            count = int(count_1.item())
+        plan = micro_batches.equalize(plan, count, prompts, completions)
+        # At least 2 completion columns (unless the batch has 1): with one column the shared-prompt path makes one
+        # model call instead of two, and FSDP2 ranks must make the same calls.
+        floor = min(2, shard["completion_ids_B_C"].shape[1])
+        return [
+            micro_batches.take(
+                shard, rows, max(prompts[r] for r in rows), max(floor, max(completions[r] for r in rows))
+            )
+            for rows in plan
+        ]
+
     def _no_sync(self) -> contextlib.AbstractContextManager[Any]:
-        """Skip the gradient reduction of a non-final micro-batch (gradients accumulate locally, unsharded
-        with 'fsdp2'); the last micro-batch's backward reduces the sum."""
+        """'ddp': skip the gradient all-reduce of a non-final micro-batch (gradients accumulate locally; the last
+        micro-batch's backward reduces the sum). 'fsdp2': nothing is skipped: every micro-batch's backward
+        reduce-scatters, and the float32 gradients accumulate in this rank's shard. Skipping would keep the whole
+        model's unsharded gradients on every rank between micro-batches (FSDP2 upcasts them to the float32 reduce
+        dtype: 4 bytes per parameter), the memory FSDP2 is chosen to save; the price is one reduce-scatter per
+        micro-batch instead of per update."""
         if not self.fsdp2:
             return self.accelerator.no_sync(self.model)
-        model = self.model
-
-        @contextlib.contextmanager
-        def no_sync() -> Any:
-            model.set_requires_gradient_sync(False)
-            try:
-                yield
-            finally:
-                model.set_requires_gradient_sync(True)
-
-        return no_sync()
+        return contextlib.nullcontext()
 
     def update(
         self,
@@ -330,6 +374,12 @@ class TrainEngine:
         from rlsdk.engine.train.schedule import minibatch_bounds
 
         start = time.perf_counter()
+        if self.fsdp2:
+            from rlsdk.engine.train.fsdp import release_freed_memory
+
+            # The last sync and checksum gathered whole weights (on the writer rank: all of them); glibc keeps the
+            # freed pages, which would sit under this update's peak.
+            release_freed_memory()
         train = self.config.train
         bounds = minibatch_bounds(shard["completion_ids_B_C"].shape[0], train.mini_batch_size, self.world_size)
         if minibatches is None and len(bounds) == 1:
@@ -410,6 +460,19 @@ class TrainEngine:
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
+    def _logits_options(self) -> dict[str, Any]:
+        """The keyword arguments of every trainer forward through :func:`completion_logprobs`: the sampling
+        temperature, the logits chunk budget, prompt sharing, and FSDP2's data-independent model calls."""
+        train = self.config.train
+        chunk_mib = train.logits_chunk_mib
+        return {
+            "temperature": self.config.rollout.temperature,
+            "max_logits_bytes": None if chunk_mib is None else chunk_mib * 2**20,
+            # Gradient checkpointing keeps no key/value cache, so the shared-prompt pass would have nothing to share.
+            "share_prompts": train.share_prompt_prefix and not train.gradient_checkpointing,
+            "uniform_calls": self.fsdp2,
+        }
+
     @torch.no_grad()
     def proximal_logprobs(
         self, shard: dict[str, torch.Tensor]
@@ -430,16 +493,16 @@ class TrainEngine:
         parts = []
         for lo in range(0, batch, micro):
             mb = {name: tensor[lo : lo + micro] for name, tensor in shard.items()}
-            logprobs_B_C, _ = completion_logprobs(
-                self.model,
-                mb["prompt_ids_B_P"],
-                mb["prompt_mask_B_P"],
-                mb["completion_ids_B_C"],
-                mb["completion_mask_B_C"],
-                attention_mask_B_C=mb.get("completion_attention_mask_B_C"),
-                temperature=cfg.rollout.temperature,
-                share_prompts=cfg.train.share_prompt_prefix,
-            )
+            with self._autocast():
+                logprobs_B_C, _ = completion_logprobs(
+                    self.model,
+                    mb["prompt_ids_B_P"],
+                    mb["prompt_mask_B_P"],
+                    mb["completion_ids_B_C"],
+                    mb["completion_mask_B_C"],
+                    attention_mask_B_C=mb.get("completion_attention_mask_B_C"),
+                    **self._logits_options(),
+                )
             parts.append(logprobs_B_C.detach())
         old_B_C = torch.cat(parts)
         valid_B_C = shard["completion_mask_B_C"].bool()
@@ -464,10 +527,12 @@ class TrainEngine:
         ``shard`` holds ``prompt_ids_B_P``, ``prompt_mask_B_P``, ``completion_ids_B_C``, ``completion_mask_B_C``,
         ``logprobs_B_C`` (behaviour) and ``advantages_B``, and optionally ``completion_attention_mask_B_C`` (the
         completion tokens the forward attends to, a superset of ``completion_mask_B_C``: a multi-turn rollout's tool
-        outputs are in context but not trained on; default: ``completion_mask_B_C``). Every rank gets the same number of
-        sequences, so every rank runs the same number of forward/backward passes and DDP's all-reduces (FSDP2's
-        all-gathers and reduce-scatters) match; only the last micro-batch synchronises gradients. ``num_tokens_global``
-        is the completion-token count of the whole batch across ranks; each rank divides by ``num_tokens_global /
+        outputs are in context but not trained on; default: ``completion_mask_B_C``). Every rank runs the same number of
+        forward/backward passes (equal shards of ``train.micro_batch_size`` rows, or token-budget micro-batches whose
+        count the ranks agree on, see :meth:`_micro_batches`), so DDP's all-reduces (FSDP2's all-gathers and
+        reduce-scatters) match; with 'ddp' only the last micro-batch synchronises gradients (see :meth:`_no_sync`).
+        ``num_tokens_global`` is the completion-token count of the whole batch across ranks; each rank divides by
+        ``num_tokens_global /
         world_size`` because DDP's all-reduce and FSDP2's reduce-scatter both AVERAGE gradients, so the result is the
         gradient of the global token-mean loss. ``num_sequences_global`` (default: this shard's sequences times the
         world size, as every rank gets an equal shard) is divided the same way for the per-sequence aggregations of
@@ -502,7 +567,6 @@ class TrainEngine:
         batch_size = shard["completion_ids_B_C"].shape[0]
         if batch_size == 0:
             raise ValueError("update shard is empty: every rank needs at least one sequence")
-        micro = cfg.train.micro_batch_size
         world = self.accelerator.num_processes
         algo = cfg.algorithm.resolved()
         if num_sequences_global is None:
@@ -513,29 +577,29 @@ class TrainEngine:
         self.model.train()
         sums = torch.zeros(len(_SUM_KEYS), dtype=torch.float64)
         maxima = torch.full((len(_MAX_KEYS),), float("-inf"), dtype=torch.float64)
-        starts = list(range(0, batch_size, micro))
+        micro_batches = self._micro_batches(shard)
         if self.on_progress is not None:
-            self.on_progress(0, len(starts))
-        for index, lo in enumerate(starts):
-            mb = {name: tensor[lo : lo + micro] for name, tensor in shard.items()}
-            last = index == len(starts) - 1
+            self.on_progress(0, len(micro_batches))
+        logits_options = self._logits_options()
+        for index, mb in enumerate(micro_batches):
+            last = index == len(micro_batches) - 1
             sync_ctx = contextlib.nullcontext() if last else self._no_sync()
             with sync_ctx:
-                logprobs_B_C, entropy_B_C = completion_logprobs(
-                    self.model,
-                    mb["prompt_ids_B_P"],
-                    mb["prompt_mask_B_P"],
-                    mb["completion_ids_B_C"],
-                    mb["completion_mask_B_C"],
-                    attention_mask_B_C=mb.get("completion_attention_mask_B_C"),
-                    temperature=cfg.rollout.temperature,
-                    with_entropy=True,
-                    entropy_grad=entropy_grad,
-                    share_prompts=cfg.train.share_prompt_prefix,
-                )
+                with self._autocast():
+                    logprobs_B_C, entropy_B_C = completion_logprobs(
+                        self.model,
+                        mb["prompt_ids_B_P"],
+                        mb["prompt_mask_B_P"],
+                        mb["completion_ids_B_C"],
+                        mb["completion_mask_B_C"],
+                        attention_mask_B_C=mb.get("completion_attention_mask_B_C"),
+                        with_entropy=True,
+                        entropy_grad=entropy_grad,
+                        **logits_options,
+                    )
                 ref_logprobs_B_C = None
                 if self.ref_model is not None:
-                    with torch.no_grad():
+                    with torch.no_grad(), self._autocast():
                         ref_logprobs_B_C, _ = completion_logprobs(
                             self.ref_model,
                             mb["prompt_ids_B_P"],
@@ -543,8 +607,12 @@ class TrainEngine:
                             mb["completion_ids_B_C"],
                             mb["completion_mask_B_C"],
                             attention_mask_B_C=mb.get("completion_attention_mask_B_C"),
-                            temperature=cfg.rollout.temperature,
-                            share_prompts=cfg.train.share_prompt_prefix,
+                            # Not checkpointed and not sharded: its own prompt sharing, any model calls.
+                            **{
+                                **logits_options,
+                                "share_prompts": cfg.train.share_prompt_prefix,
+                                "uniform_calls": False,
+                            },
                         )
                 correct = algo.off_policy != "none"
                 loss, metrics = policy_loss(
@@ -604,7 +672,7 @@ class TrainEngine:
                 ]
             )
             if self.on_progress is not None:
-                self.on_progress(index + 1, len(starts))
+                self.on_progress(index + 1, len(micro_batches))
         return torch.cat([sums, maxima])
 
     def generate(

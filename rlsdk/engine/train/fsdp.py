@@ -27,12 +27,16 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
-def shard_model(model: torch.nn.Module, device_type: str, world_size: int) -> int:
+def shard_model(
+    model: torch.nn.Module, device_type: str, world_size: int, *, compute_dtype: torch.dtype | None = None
+) -> int:
     """Apply ``fully_shard`` to each decoder layer, then to the root, on a 1-D mesh over the default group
     (axis ``dp_shard``). Parameters become sharded DTensors in place; build the optimizer afterwards.
-    Returns the number of layers sharded separately (0: only the root, with a warning)."""
+    ``compute_dtype`` (e.g. bfloat16): FSDP2's mixed precision, parameters all-gathered and used in that dtype,
+    gradients reduced in float32 into the float32 shards. Returns the number of layers sharded separately (0: only
+    the root, with a warning)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(device_type, (world_size,), mesh_dim_names=("dp_shard",))
     layers = decoder_layers(model)
@@ -42,10 +46,28 @@ def shard_model(model: torch.nn.Module, device_type: str, world_size: int) -> in
             "sharding the root only, so every forward gathers the whole model at once",
             type(model).__name__,
         )
+    policy = MixedPrecisionPolicy() if compute_dtype is None else MixedPrecisionPolicy(compute_dtype, torch.float32)
     for layer in layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    release_freed_memory()
     return len(layers)
+
+
+def release_freed_memory() -> None:
+    """Hand freed heap memory back to the operating system (glibc's ``malloc_trim``; nothing elsewhere).
+
+    Why after sharding: the model was loaded whole, and glibc keeps the pages of the freed unsharded tensors for
+    reuse (tensors below its mmap threshold come from the heap), so without it a rank's resident memory stays at
+    the whole model's size, which FSDP2 exists to avoid."""
+    import ctypes
+
+    try:
+        trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the process's own symbols: libc's where glibc
+    except OSError:
+        return
+    if trim is not None:
+        trim(0)
 
 
 def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
