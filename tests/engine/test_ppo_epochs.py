@@ -236,6 +236,48 @@ def test_lr_schedule_follows_transformers_schedule_per_optimizer_step(tiny_model
     assert got[:3] == pytest.approx([0.0, 1 / 3, 2 / 3])
 
 
+def _schedule(model_dir: Path, name: str, max_steps: int) -> object:
+    from rlsdk.engine.train.schedule import LRSchedule
+
+    config = SessionConfig(
+        model=ModelConfig(path=str(model_dir)),
+        train=TrainConfig(lr=1.0, lr_scheduler=name, warmup_steps=2, max_steps=max_steps),
+    )
+    return LRSchedule(torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=1.0), config)
+
+
+def test_constant_lr_schedule_resumed_with_more_max_steps_continues_from_the_saved_step(tiny_model_dir: Path) -> None:
+    saved = _schedule(tiny_model_dir, "constant", max_steps=2)
+    for _ in range(2):
+        saved.scheduler.optimizer.step()
+        saved.step()
+    extended = _schedule(tiny_model_dir, "constant", max_steps=4)
+
+    extended.load_state_dict(saved.state_dict())
+
+    assert extended.steps == 2
+    assert extended.lr() == pytest.approx(1.0, rel=1e-12, abs=0.0)
+
+
+@pytest.mark.parametrize(("name", "max_steps"), [("linear", 4), ("cosine", 3)])
+def test_decaying_lr_schedule_resumed_with_another_horizon_raises_naming_the_schedule(
+    tiny_model_dir: Path, name: str, max_steps: int
+) -> None:
+    saved = _schedule(tiny_model_dir, name, max_steps=2)
+    resumed = _schedule(tiny_model_dir, name, max_steps=max_steps)
+
+    with pytest.raises(ValueError, match=rf"train.lr_scheduler '{name}' over {max_steps}"):
+        resumed.load_state_dict(saved.state_dict())
+
+
+def test_lr_schedule_resumed_with_another_name_raises(tiny_model_dir: Path) -> None:
+    saved = _schedule(tiny_model_dir, "constant", max_steps=2)
+    resumed = _schedule(tiny_model_dir, "linear", max_steps=2)
+
+    with pytest.raises(ValueError, match="the checkpoint's learning-rate schedule is 'constant'"):
+        resumed.load_state_dict(saved.state_dict())
+
+
 @pytest.mark.parametrize(
     ("train", "field"),
     [

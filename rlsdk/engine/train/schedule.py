@@ -114,10 +114,13 @@ class LRSchedule:
         """Continue the schedule from a checkpoint's state.
 
         Raises:
-            ValueError: the checkpoint's schedule (name or horizon) differs from this config's: continuing would
-                not be the run that was saved.
+            ValueError: the checkpoint's schedule differs from this config's (its name; for a decaying schedule
+                also its horizon): continuing would not be the run that was saved. A 'constant' schedule (with or
+                without warm-up) does not depend on its horizon, so a run resumed with a larger ``train.max_steps``
+                (extending it) continues exactly.
         """
-        if (state.get("name"), state.get("horizon")) != (self.name, self.horizon):
+        same_horizon = self.name == "constant" or state.get("horizon") == self.horizon
+        if state.get("name") != self.name or not same_horizon:
             raise ValueError(
                 f"the checkpoint's learning-rate schedule is {state.get('name')!r} over {state.get('horizon')} "
                 f"optimizer steps, the config's train.lr_scheduler {self.name!r} over {self.horizon} (train.max_steps "
