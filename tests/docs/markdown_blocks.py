@@ -281,9 +281,19 @@ def _tail(text: str, lines: int = 40) -> str:
 
 
 def _close_sessions(namespace: dict[str, Any], loop: asyncio.AbstractEventLoop) -> None:
-    """Close every Session a page left open (a failed block, or a page that keeps one for the reader)."""
+    """Close every Session a page left open (a failed block, or a page that keeps one for the reader), after
+    cancelling what a block left running in the loop: a timeout that interrupts ``Session.start`` leaves its task
+    pending, and only cancelling it runs its cleanup (stopping the ranks and the inference server it started)."""
     from rlsdk import Session
 
+    pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        try:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        except Exception:
+            traceback.print_exc()
     for value in list(namespace.values()):
         if isinstance(value, Session) and not value._closed:
             try:
