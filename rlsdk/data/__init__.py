@@ -1,6 +1,6 @@
 """Data sets and batching: procedurally generated tasks (reverse-digits, arithmetic, countdown, calculator tool
-use), local prompt files (JSON Lines, Parquet, Arrow, ``save_to_disk`` directories), chat templating, a token
-budget, and the resumable sampler."""
+use, addition with a worked scratchpad for SFT then RL), local prompt files (JSON Lines, Parquet, Arrow,
+``save_to_disk`` directories), chat templating, a token budget, and the resumable sampler."""
 
 from rlsdk.data.files import SUPPORTED_SUFFIXES, load_prompt_dataset
 from rlsdk.data.prepare import (
@@ -10,6 +10,7 @@ from rlsdk.data.prepare import (
     filter_long_prompts,
     prepare_prompts,
 )
+from rlsdk.data.reasoning import ReasoningTask, build_reasoning_policy, write_reasoning_task
 from rlsdk.data.reverse import (
     VOCAB,
     VOCAB_SIZE,
@@ -26,9 +27,11 @@ __all__ = [
     "VOCAB",
     "VOCAB_SIZE",
     "PromptSampler",
+    "ReasoningTask",
     "apply_chat_template",
     "arithmetic_dataset",
     "build_prompt_dataset",
+    "build_reasoning_policy",
     "build_tiny_policy",
     "build_tokenizer",
     "calculator_dataset",
@@ -41,4 +44,5 @@ __all__ = [
     "reverse_digits_dataset",
     "safe_arithmetic",
     "tool_answer_reward",
+    "write_reasoning_task",
 ]
