@@ -193,6 +193,10 @@ async def _check_before_start(config: SessionConfig) -> tuple[tuple[Path, dict[s
     if tokenizer is None:
         tokenizer = await asyncio.to_thread(check_model_files, config)
     special = await asyncio.to_thread(check_special_tokens, config, tokenizer)
+    if config.data.eval_path is not None:  # ConfigError naming data.eval_path now, not at the first evaluation
+        from rlsdk.evaluation import eval_file_dataset
+
+        await asyncio.to_thread(eval_file_dataset, config, tokenizer)
     return resume, dataset, tokenizer, special
 
 
@@ -273,7 +277,7 @@ class Session:
         self.last_trace_time: float | None = None  # time.time() of last_trace
         self._early_records: list[logging.LogRecord] = []  # see start(): shown once logging is set up
         self._entropy_checked = False  # see _check_entropy_bonus
-        self._held_out: dict[int, list[dict[str, Any]]] = {}  # evaluate(None, ...)'s rows by num_prompts
+        self._held_out: dict[int | None, list[dict[str, Any]]] = {}  # evaluate(None, ...)'s rows by num_prompts
         # Seconds each part of start() and close() took (see rank_startup_seconds): the start bar's phases, the
         # ranks' own start-up, the overlapped engine load; benchmarks/session_overhead.py reports them.
         self.start_seconds: dict[str, float] = {}
@@ -1323,7 +1327,7 @@ class Session:
         """Run the RL loop (rollout -> reward -> update -> sync per step) with ``reward_fn``, honouring
         ``train.max_steps``, ``train.checkpoint_every``, ``train.eval_every`` and ``train.target_reward`` unless
         the keyword arguments override them (``steps``, ``checkpoint_every``, ``eval_every``, ``eval_prompts``,
-        ``target_reward``, ``target_metric``, ``progress``, ``on_step``); returns a
+        ``eval_samples``, ``target_reward``, ``target_metric``, ``progress``, ``on_step``); returns a
         :class:`~rlsdk.train_loop.TrainSummary`. See :func:`rlsdk.train_loop.train`. The four single-step calls
         stay for interactive use."""
         from rlsdk.train_loop import train
@@ -1337,23 +1341,27 @@ class Session:
         *,
         n: int = 1,
         greedy: bool = True,
-        num_prompts: int = 64,
+        num_prompts: int | None = None,
         pass_threshold: float = 1.0,
         timeout_s: float | None = None,
+        prefix: str = "eval",
     ) -> dict[str, float]:
         """Score the policy the engine serves now on held-out prompts; log and return ``eval/*`` metrics.
 
-        ``prompts``: strings, dicts with a ``prompt`` key, a ``datasets.Dataset`` or column batch; ``None``:
-        ``num_prompts`` freshly seeded rows of the configured generated task (see
-        :func:`rlsdk.evaluation.held_out_prompts`). ``n`` samples per prompt; ``greedy``: temperature 0 with the
-        session's workflow (then ``n`` must be 1), else its training sampling settings. Returns
+        ``prompts``: strings, dicts with a ``prompt`` key, a ``datasets.Dataset`` or column batch; ``None``: the
+        rows of ``data.eval_path`` (all, or the first ``num_prompts``), else ``num_prompts`` (default 64) freshly
+        seeded rows of the configured generated task (see :func:`rlsdk.evaluation.held_out_prompts`). ``n``
+        samples per prompt; ``greedy``: temperature 0 with the session's workflow (then ``n`` must be 1), else its
+        training sampling settings. Returns
         ``eval/reward_mean``, ``eval/reward_std``, ``eval/pass@1`` (samples whose reward >= ``pass_threshold``),
         ``eval/pass@n`` (n > 1), the ``eval/completion/*`` lengths and rates, ``eval/num_prompts``,
         ``eval/engine_version`` and ``eval/seconds``; logged to TensorBoard at the current step, with sample
-        completions under ``eval/samples``. The training data position and rollout seeds are untouched.
+        completions under ``eval/samples``. ``prefix`` replaces ``eval`` in every name (e.g. ``eval_sampled``, to
+        log a sampled evaluation beside the greedy one at the same step). The training data position and rollout
+        seeds are untouched.
 
-        Raises ``ValueError`` for ``n < 1``, ``greedy`` with ``n > 1``, no prompts, or ``prompts=None`` with
-        ``data.task='file'``; ``RewardError`` as :meth:`reward`.
+        Raises ``ValueError`` for ``n < 1``, ``greedy`` with ``n > 1``, no prompts, an empty ``prefix``, or
+        ``prompts=None`` with ``data.task='file'`` and no ``data.eval_path``; ``RewardError`` as :meth:`reward`.
         """
         from rlsdk.evaluation import eval_seed, eval_workflow, held_out_prompts
         from rlsdk.observe.rollout_metrics import pass_metrics
@@ -1361,6 +1369,8 @@ class Session:
         engine = self._engine()
         if n < 1 or (greedy and n != 1):
             raise ValueError(f"n={n!r} is invalid: allowed an int >= 1, and 1 with greedy=True (samples are equal)")
+        if not prefix or "/" in prefix:
+            raise ValueError(f"prefix={prefix!r} is invalid: allowed a non-empty metric namespace without '/'")
         if prompts is None:
             rows = self._held_out.get(num_prompts)
             if rows is None:  # the same held-out rows at every evaluation of this session
@@ -1389,18 +1399,20 @@ class Session:
             "eval/engine_version": float(min(rollout.versions) if rollout.versions else self.versions.engine_version),
             "eval/seconds": time.perf_counter() - start,
         }
+        if prefix != "eval":
+            metrics = {prefix + key[len("eval") :]: value for key, value in metrics.items()}
         if self.metrics is not None:
             self.metrics.log(self.step, metrics)
-            self.metrics.log_text(self.step, "eval/samples", samples_markdown(rollout))
+            self.metrics.log_text(self.step, f"{prefix}/samples", samples_markdown(rollout))
         logger.info(
             "evaluation at step %d (engine v%d, %d prompts x %d, %s): reward %.3f, pass@1 %.3f",
             self.step,
-            int(metrics["eval/engine_version"]),
+            int(metrics[f"{prefix}/engine_version"]),
             len(rows),
             n,
             "greedy" if greedy else "sampled",
-            metrics["eval/reward_mean"],
-            metrics["eval/pass@1"],
+            metrics[f"{prefix}/reward_mean"],
+            metrics[f"{prefix}/pass@1"],
         )
         return metrics
 
