@@ -1143,17 +1143,7 @@ class Session:
             if any(error is not None for error in errors):
                 logger.debug("look-ahead generation failed on the ranks (the next rollout retries): %s", errors)
             engine.hold(None if any(g is None for g in generated) else generated)  # type: ignore[attr-defined]
-        versions = {int(r["version"]) for r in results}
-        if len(versions) != 1:
-            raise VersionError(f"ranks disagree on the trainer version after update: {sorted(versions)}")
-        if colocated:
-            self._updated_weights = (
-                self._broadcasts,
-                [{"version": r["version"], "checksum": r["checksum"]} for r in results],
-            )
-        self.versions.trainer_version = versions.pop()
-        set_log_context(version=self.versions.trainer_version)
-        self.step += 1
+        self._record_trainer_version("update", results, colocated)
         totals = {
             k: sum(float(r[k]) for r in results)
             for k in ("loss_sum", "clipped_tokens", "ratio_sum", "kl_sum", "entropy_sum", "tokens",
@@ -1235,6 +1225,22 @@ class Session:
             )
         logger.debug("update %d: %s", self.step, stats)
         return stats
+
+    def _record_trainer_version(self, command: str, results: list[dict[str, Any]], colocated: bool) -> None:
+        """After an optimizer step on every rank (``update``, ``sft_update``): the ranks' one new version becomes the
+        trainer's, and ``session.step`` advances; colocated, the ranks' checksums wait for the next sync to verify.
+        Raises ``VersionError`` when the ranks disagree."""
+        versions = {int(r["version"]) for r in results}
+        if len(versions) != 1:
+            raise VersionError(f"ranks disagree on the trainer version after {command}: {sorted(versions)}")
+        if colocated:
+            self._updated_weights = (
+                self._broadcasts,
+                [{"version": r["version"], "checksum": r["checksum"]} for r in results],
+            )
+        self.versions.trainer_version = versions.pop()
+        set_log_context(version=self.versions.trainer_version)
+        self.step += 1
 
     def _check_entropy_bonus(self, entropy_mean: float, advantages_B: Any) -> None:
         """Warn once when ``algorithm.entropy_coef`` x the batch's mean token entropy exceeds its mean |advantage|
@@ -1321,6 +1327,73 @@ class Session:
             self.metrics.log(self.step, {"time/sync_s": seconds, "version/engine": float(info.version)})
         logger.debug("engine now serves v%d (sync %.3f s)", info.version, seconds)
         return info
+
+    # ------------------------------------------------------------------ supervised fine-tuning
+    async def sft_update(self, batch: Any, *, lr: float | None = None) -> dict[str, float]:
+        """One supervised fine-tuning step on every rank; the trainer publishes version + 1, as :meth:`update`
+        does, and :meth:`sync_weights` then brings the engine to the SFT'd weights, verified as any sync.
+
+        ``batch``: the tensors of :func:`rlsdk.data.sft.collate_sft` (``SFTBatches.next_batch()``:
+        ``prompt_ids_B_P``, ``prompt_mask_B_P``, ``completion_ids_B_C``, ``completion_mask_B_C``), or rows with
+        ``prompt`` and ``completion`` (text, or chat messages put through the tokenizer's chat template; see
+        :mod:`rlsdk.data.sft`). The loss is the token mean of the completion tokens' negative log-likelihood over
+        the whole batch (prompt tokens are never targets). Its rows are split evenly over the ranks, so their
+        count must be a multiple of ``launch.num_ranks``. ``lr``: the learning rate of this step only (an SFT
+        schedule: warm-up, decay), None = ``train.lr``. Returns ``sft/loss``, ``sft/perplexity``,
+        ``sft/tokens``, ``sft/sequences``, ``sft/grad_norm``, ``sft/lr``, ``time/sft_s``,
+        ``throughput/sft_tokens_per_s`` and the versions, logged to TensorBoard at the new ``session.step``.
+
+        Raises:
+            ValueError: a malformed batch (see :func:`rlsdk.data.sft.check_sft_batch` and
+                :func:`~rlsdk.data.sft.tokenize_sft`), a row count that is not a positive multiple of the
+                rank count (nothing is dropped), or an ``lr`` that is not > 0.
+        """
+        from rlsdk.data.sft import check_sft_batch, collate_sft, tokenize_sft
+        from rlsdk.observe.rollout_metrics import sft_metrics
+
+        engine = self._engine()
+        cfg = self.config
+        if isinstance(batch, (list, tuple)):
+            examples = tokenize_sft(batch, self.tokenizer, eos_token_ids=self.special_tokens.eos_token_ids)
+            batch = collate_sft(examples, self.special_tokens.pad_token_id)
+        if lr is not None and not (isinstance(lr, (int, float)) and lr > 0 and lr != float("inf")):
+            raise ValueError(f"lr={lr!r} is invalid: allowed None or a finite float > 0")
+        tensors = check_sft_batch(batch)
+        world = cfg.launch.num_ranks
+        rows = tensors["completion_ids_B_C"].shape[0]
+        if rows % world:
+            raise ValueError(
+                f"an SFT batch of {rows} rows cannot be split evenly over launch.num_ranks={world} ranks: use a "
+                f"multiple of {world} (every rank runs the same number of forward/backward passes)"
+            )
+        discard_lookahead = getattr(engine, "discard_lookahead", None)
+        if discard_lookahead is not None:
+            discard_lookahead()  # sampled with the weights this step replaces
+        colocated = cfg.inference.engine == "colocated"
+        per_rank = rows // world
+        bodies = [
+            {
+                "shard": {k: v[r * per_rank : (r + 1) * per_rank] for k, v in tensors.items()},
+                "num_tokens": int(tensors["completion_mask_B_C"].sum()),
+                "lr": None if lr is None else float(lr),
+                "with_checksum": colocated,
+            }
+            for r in range(world)
+        ]
+        self._updated_weights = None
+        start = time.perf_counter()
+        results = await self._broadcast("sft_update", bodies, timeout_s=cfg.launch.command_timeout_s)
+        self._record_trainer_version("sft_update", results, colocated)
+        stats = {
+            "step": float(self.step),
+            **sft_metrics(results, seconds=time.perf_counter() - start),
+            "version/trainer": float(self.versions.trainer_version),
+            "version/engine": float(self.versions.engine_version),
+        }
+        if self.metrics is not None:
+            self.metrics.log(self.step, stats)
+        logger.debug("sft step %d: %s", self.step, stats)
+        return stats
 
     # ------------------------------------------------------------------ the library loop and evaluation
     async def train(self, reward_fn: RewardFn, **kwargs: Any) -> Any:
