@@ -116,3 +116,32 @@ def test_session_start_with_a_missing_eval_path_raises_config_error_before_any_p
     with pytest.raises(ConfigError, match=r"data\.eval_path"):
         asyncio.run(Session.start(config))
     assert not (tmp_path / "out" / "logs").exists()  # nothing started
+
+
+@pytest.mark.slow
+def test_recipe_runs_sft_then_evaluate_then_five_grpo_steps_from_the_verified_sft_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rlsdk.cli import run_recipe
+    from rlsdk.engine.train.checkpoint import verify_checkpoint
+
+    monkeypatch.chdir(tmp_path)  # the recipe builds its data and model under ./outputs, as from a clean clone
+    recipe = Path(__file__).parents[2] / "recipes" / "sft_then_grpo.py"
+    flags = ["--sft.steps", "40", "--sft.eval-every", "20", "--sft.warmup-steps", "5", "--train.max-steps", "5",
+             "--train.eval-every", "5", "--eval-samples", "2",
+             "--observe.output-dir", str(tmp_path / "run")]  # fmt: skip
+
+    summary = run_recipe(str(recipe), flags)
+
+    sft, rl = summary["sft"], summary["rl"]
+    assert [e["step"] for e in sft["evaluations"]] == [20.0, 40.0]
+    assert [e["step"] for e in rl["evaluations"]] == [0.0, 5.0] and rl["steps"] == 5 and len(rl["rewards"]) == 5
+    # GRPO starts from the SFT'd weights: its first greedy evaluation is SFT's last one, to the problem
+    assert rl["evaluations"][0]["eval/pass@1"] == sft["evaluations"][-1]["eval/pass@1"]
+    assert all("eval_sampled/pass@1" in e for e in sft["evaluations"] + rl["evaluations"])
+    verify_checkpoint(Path(sft["checkpoint"]))  # signed, every file as written
+    assert Path(rl["checkpoint"]).name == "step_5"
+    for phase in ("sft", "rl"):
+        assert list((tmp_path / "run" / phase / "tensorboard").glob("events.out.tfevents.*"))
+    assert (tmp_path / "run" / "summary.json").is_file()
+    assert (tmp_path / "outputs" / "data" / "addition" / "test.jsonl").is_file()
