@@ -8,7 +8,12 @@ Reads ``RESULTS/NAME.json`` (default ``benchmarks/results``) and writes, for eac
   over seeds with min-max whiskers; misses are counted in the labels);
 - ``async_rollouts.json`` -> ``async_rollouts.png`` (sequential against async: seconds to the target, ms per step);
 - ``shapes.json`` -> ``shapes.png`` (per run of the shape ladder: update MFU, and each rank's peak memory during
-  the update over the first-principles figure).
+  the update over the first-principles figure);
+- ``algorithms.json`` (``--task reasoning``) -> ``algorithms.png`` (held-out accuracy of each algorithm against RL
+  step and against training seconds, mean over seeds with its 95% interval as a band);
+- ``post_training.json`` -> ``post_training.png`` (held-out accuracy through SFT, then GRPO, per seed);
+- ``trl_post_training.json`` -> ``trl_post_training.png`` (held-out accuracy against training seconds, rlsdk and
+  TRL, SFT and GRPO).
 
 The PNGs are committed artifacts made by ``make bench`` (which runs this last); the docs build only links them.
 Needs matplotlib (the ``docs`` extra). Usage: ``python benchmarks/plots.py [--results DIR] [--out DIR]``.
@@ -188,11 +193,90 @@ def plot_shapes(data: dict[str, Any], out: Path) -> list[Path]:
     return [_save(fig, out / "shapes.png")]
 
 
+def plot_algorithms(data: dict[str, Any], out: Path) -> list[Path]:
+    """Held-out greedy accuracy per algorithm vs step and vs training seconds: mean line, 95% interval band."""
+    summary = data.get("summary") or {}
+    if data.get("task") != "reasoning" or not summary:
+        return []
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for name, row in summary.items():
+        curve = row["curve"]
+        means = [p["eval/pass@1"]["mean"] for p in curve]
+        lows = [p["eval/pass@1"].get("low", p["eval/pass@1"]["mean"]) for p in curve]
+        highs = [p["eval/pass@1"].get("high", p["eval/pass@1"]["mean"]) for p in curve]
+        for ax, xs in ((axes[0], [p["step"] for p in curve]), (axes[1], [p["train_seconds"] for p in curve])):
+            (line,) = ax.plot(xs, means, marker="o", markersize=3, label=name)
+            ax.fill_between(xs, lows, highs, color=line.get_color(), alpha=0.15)
+    axes[0].set_xlabel("RL step")
+    axes[1].set_xlabel("training seconds (evaluation excluded)")
+    axes[0].set_ylabel("held-out accuracy (greedy pass@1)")
+    axes[0].set_ylim(0, 1)
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+    axes[1].legend(fontsize=8, loc="lower right")
+    fig.suptitle(
+        f"From the same SFT checkpoint per seed, seeds {data.get('seeds')}: mean and 95% interval{_quick_note(data)}",
+        fontsize=10,
+    )
+    return [_save(fig, out / "algorithms.png")]
+
+
+def plot_post_training(data: dict[str, Any], out: Path) -> list[Path]:
+    """Held-out greedy accuracy through SFT then GRPO, per seed, against training seconds."""
+    runs = data.get("runs") or []
+    if not runs:
+        return []
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run in runs:
+        sft, rl = run["summary"]["sft"]["evaluations"], run["summary"]["rl"]["evaluations"]
+        offset = run["summary"]["sft"]["train_seconds"]
+        xs = [e["train_seconds"] for e in sft] + [offset + e["train_seconds"] for e in rl]
+        (line,) = ax.plot(xs, [e["eval/pass@1"] for e in sft + rl], marker="o", markersize=3,
+                          label=f"seed {run['seed']}")  # fmt: skip
+        ax.axvline(offset, color=line.get_color(), linestyle=":", alpha=0.5)
+    ax.set_xlabel("training seconds: SFT, then GRPO (dotted: where GRPO starts)")
+    ax.set_ylabel("held-out accuracy (greedy pass@1)")
+    ax.set_ylim(0, 1)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"recipes/sft_then_grpo.py{_quick_note(data)}", fontsize=10)
+    return [_save(fig, out / "post_training.png")]
+
+
+def plot_trl_post_training(data: dict[str, Any], out: Path) -> list[Path]:
+    """Held-out accuracy vs training seconds for rlsdk and TRL, SFT and GRPO panels."""
+    runs = data.get("runs") or []
+    if not runs:
+        return []
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    styles = {"rlsdk": "tab:blue", "trl": "tab:orange"}
+    for run in runs:
+        ax = axes[0 if run["phase"] == "sft" else 1]
+        points = run["points"]
+        ax.plot([p["train_seconds"] for p in points], [p["accuracy"] for p in points], marker="o", markersize=3,
+                color=styles.get(run["system"]), alpha=0.8, label=f"{run['system']} seed {run['seed']}")  # fmt: skip
+    for ax, title in zip(axes, ("SFT from the same random init", "GRPO from the same SFT checkpoint")):
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("training seconds (evaluation excluded)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("held-out accuracy (greedy pass@1)")
+    axes[0].set_ylim(0, 1)
+    fig.suptitle(f"rlsdk and TRL on the post-training task{_quick_note(data)}", fontsize=10)
+    return [_save(fig, out / "trl_post_training.png")]
+
+
 PLOTS: dict[str, Callable[[dict[str, Any], Path], list[Path]]] = {
     "scaling.json": plot_scaling,
     "trl_compare.json": plot_trl_compare,
     "async_rollouts.json": plot_async,
     "shapes.json": plot_shapes,
+    "algorithms.json": plot_algorithms,
+    "post_training.json": plot_post_training,
+    "trl_post_training.json": plot_trl_post_training,
 }
 
 

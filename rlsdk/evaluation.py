@@ -5,9 +5,9 @@ sample; or the rollout's sampling settings), scores them with a reward function 
 and ``eval/pass@1`` (see :func:`rlsdk.observe.rollout_metrics.pass_metrics`). It never touches the training data
 position or the rollout seeds, so a run's training samples are the same with or without evaluations.
 
-TODO(eval): a configured evaluation split (``data.eval_path`` or an ``EvalConfig``) lands with the SFT/reasoning
-task work (issue 24); until then a generated task holds out a freshly seeded sample of the same task, and a file
-data set needs the prompts passed explicitly.
+The held-out prompts of ``Session.evaluate(None, ...)``: the rows of ``data.eval_path`` when it is set (a local
+file prepared exactly as the training prompts are), else a freshly seeded sample of the configured generated task;
+a file data set without ``data.eval_path`` needs the prompts passed explicitly.
 """
 
 from __future__ import annotations
@@ -22,23 +22,65 @@ from rlsdk.config import SessionConfig
 _EVAL_SEED_OFFSET = 0x5EED_E7A1
 
 
-def held_out_prompts(config: SessionConfig, tokenizer: Any, num_prompts: int) -> list[dict[str, Any]]:
-    """``num_prompts`` rows of the configured generated task, drawn with a seed the training set does not use (a
-    procedurally generated task may still repeat a training prompt: 'reverse 3 digits' has 1,000), after the same
-    preparation as the training set (chat template, ``data.max_prompt_tokens``).
+DEFAULT_NUM_PROMPTS = 64
+"""Rows of a generated task :func:`held_out_prompts` draws when ``num_prompts`` is None."""
+
+
+def eval_file_dataset(config: SessionConfig, tokenizer: Any) -> Any:
+    """The rows of ``data.eval_path`` (split ``data.eval_split`` of a saved DatasetDict), prepared as the training
+    prompts are: ``data.prompt_column`` copied to ``prompt``, ``data.chat_template``, ``data.system_prompt``,
+    ``data.max_prompt_tokens``. ``Session.start`` builds it before any process starts.
 
     Raises:
-        ValueError: ``data.task='file'`` (pass the evaluation prompts explicitly), or ``num_prompts < 1``.
+        ConfigError: naming ``data.eval_path`` or ``data.eval_split`` (missing, unreadable, no rows, no prompt
+            column, a prompt that cannot be prepared).
+    """
+    from rlsdk.config import ConfigError
+    from rlsdk.data.prepare import build_prompt_dataset
+
+    data = config.data
+    assert data.eval_path is not None
+    try:
+        # the training set's pipeline on the held-out file: the same columns, template and token budget
+        held_out = dataclasses.replace(data, task="file", path=data.eval_path, split=data.eval_split)
+        return build_prompt_dataset(held_out, seed=config.seed, tokenizer=tokenizer)
+    except ConfigError as exc:
+        if exc.field == "data.split":
+            raise ConfigError("data.eval_split", data.eval_split, exc.allowed) from exc
+        if exc.field == "data.path":
+            raise ConfigError("data.eval_path", data.eval_path, exc.allowed) from exc
+        raise ConfigError("data.eval_path", data.eval_path, f"held-out rows that pass {exc}") from exc
+
+
+def held_out_prompts(config: SessionConfig, tokenizer: Any, num_prompts: int | None) -> list[dict[str, Any]]:
+    """The held-out rows :meth:`Session.evaluate` scores when it is given no prompts.
+
+    With ``data.eval_path``: its rows (:func:`eval_file_dataset`), all of them or the first ``num_prompts``.
+    Otherwise ``num_prompts`` (None: :data:`DEFAULT_NUM_PROMPTS`) rows of the configured generated task, drawn
+    with a seed the training set does not use (a procedurally generated task may still repeat a training prompt:
+    'reverse 3 digits' has 1,000), after the same preparation as the training set (chat template,
+    ``data.max_prompt_tokens``).
+
+    Raises:
+        ValueError: ``data.task='file'`` without ``data.eval_path`` (pass the evaluation prompts explicitly), or
+            ``num_prompts < 1``.
+        ConfigError: a ``data.eval_path`` that cannot be read (see :func:`eval_file_dataset`).
     """
     from rlsdk.data.prepare import build_prompt_dataset
 
-    if num_prompts < 1:
-        raise ValueError(f"num_prompts={num_prompts!r} is invalid: allowed an int >= 1")
+    if num_prompts is not None and num_prompts < 1:
+        raise ValueError(f"num_prompts={num_prompts!r} is invalid: allowed None or an int >= 1")
+    if config.data.eval_path is not None:
+        rows = eval_file_dataset(config, tokenizer)
+        count = len(rows) if num_prompts is None else min(num_prompts, len(rows))
+        return [dict(row) for row in rows.select(range(count))]
     if config.data.task == "file":
         raise ValueError(
-            "evaluate() needs prompts with data.task='file': pass held-out rows (strings, dicts with 'prompt', or a "
-            "datasets.Dataset), e.g. session.evaluate(load_dataset(...)['test'], reward_fn)"
+            "evaluate() needs prompts with data.task='file' and no data.eval_path: set data.eval_path to a held-out "
+            "file, or pass held-out rows (strings, dicts with 'prompt', or a datasets.Dataset), e.g. "
+            "session.evaluate(load_dataset(...)['test'], reward_fn)"
         )
+    num_prompts = DEFAULT_NUM_PROMPTS if num_prompts is None else num_prompts
     seed = (config.seed + _EVAL_SEED_OFFSET) % (1 << 31)
     examples = num_prompts
     for _ in range(6):  # data.max_prompt_tokens may drop rows: generate more until num_prompts are kept

@@ -201,6 +201,10 @@ async def _check_before_start(config: SessionConfig) -> tuple[tuple[Path, dict[s
     if tokenizer is None:
         tokenizer = await asyncio.to_thread(check_model_files, config)
     special = await asyncio.to_thread(check_special_tokens, config, tokenizer)
+    if config.data.eval_path is not None:  # ConfigError naming data.eval_path now, not at the first evaluation
+        from rlsdk.evaluation import eval_file_dataset
+
+        await asyncio.to_thread(eval_file_dataset, config, tokenizer)
     return resume, dataset, tokenizer, special
 
 
@@ -282,7 +286,7 @@ class Session:
         self.last_trace_time: float | None = None  # time.time() of last_trace
         self._early_records: list[logging.LogRecord] = []  # see start(): shown once logging is set up
         self._entropy_checked = False  # see _check_entropy_bonus
-        self._held_out: dict[int, list[dict[str, Any]]] = {}  # evaluate(None, ...)'s rows by num_prompts
+        self._held_out: dict[int | None, list[dict[str, Any]]] = {}  # evaluate(None, ...)'s rows by num_prompts
         # Seconds each part of start() and close() took (see rank_startup_seconds): the start bar's phases, the
         # ranks' own start-up, the overlapped engine load; benchmarks/session_overhead.py reports them.
         self.start_seconds: dict[str, float] = {}
@@ -1193,17 +1197,7 @@ class Session:
             if any(error is not None for error in errors):
                 logger.debug("look-ahead generation failed on the ranks (the next rollout retries): %s", errors)
             engine.hold(None if any(g is None for g in generated) else generated)  # type: ignore[attr-defined]
-        versions = {int(r["version"]) for r in results}
-        if len(versions) != 1:
-            raise VersionError(f"ranks disagree on the trainer version after update: {sorted(versions)}")
-        if colocated:
-            self._updated_weights = (
-                self._broadcasts,
-                [{"version": r["version"], "checksum": r["checksum"]} for r in results],
-            )
-        self.versions.trainer_version = versions.pop()
-        set_log_context(version=self.versions.trainer_version)
-        self.step += 1
+        self._record_trainer_version("update", results, colocated)
         totals = {
             k: sum(float(r[k]) for r in results)
             for k in ("loss_sum", "clipped_tokens", "ratio_sum", "kl_sum", "entropy_sum", "tokens",
@@ -1290,6 +1284,22 @@ class Session:
             )
         logger.debug("update %d: %s", self.step, stats)
         return stats
+
+    def _record_trainer_version(self, command: str, results: list[dict[str, Any]], colocated: bool) -> None:
+        """After an optimizer step on every rank (``update``, ``sft_update``): the ranks' one new version becomes the
+        trainer's, and ``session.step`` advances; colocated, the ranks' checksums wait for the next sync to verify.
+        Raises ``VersionError`` when the ranks disagree."""
+        versions = {int(r["version"]) for r in results}
+        if len(versions) != 1:
+            raise VersionError(f"ranks disagree on the trainer version after {command}: {sorted(versions)}")
+        if colocated:
+            self._updated_weights = (
+                self._broadcasts,
+                [{"version": r["version"], "checksum": r["checksum"]} for r in results],
+            )
+        self.versions.trainer_version = versions.pop()
+        set_log_context(version=self.versions.trainer_version)
+        self.step += 1
 
     def _check_entropy_bonus(self, entropy_mean: float, advantages_B: Any) -> None:
         """Warn once when ``algorithm.entropy_coef`` x the batch's mean token entropy exceeds its mean |advantage|
@@ -1381,12 +1391,79 @@ class Session:
         logger.debug("engine now serves v%d (sync %.3f s)", info.version, seconds)
         return info
 
+    # ------------------------------------------------------------------ supervised fine-tuning
+    async def sft_update(self, batch: Any, *, lr: float | None = None) -> dict[str, float]:
+        """One supervised fine-tuning step on every rank; the trainer publishes version + 1, as :meth:`update`
+        does, and :meth:`sync_weights` then brings the engine to the SFT'd weights, verified as any sync.
+
+        ``batch``: the tensors of :func:`rlsdk.data.sft.collate_sft` (``SFTBatches.next_batch()``:
+        ``prompt_ids_B_P``, ``prompt_mask_B_P``, ``completion_ids_B_C``, ``completion_mask_B_C``), or rows with
+        ``prompt`` and ``completion`` (text, or chat messages put through the tokenizer's chat template; see
+        :mod:`rlsdk.data.sft`). The loss is the token mean of the completion tokens' negative log-likelihood over
+        the whole batch (prompt tokens are never targets). Its rows are split evenly over the ranks, so their
+        count must be a multiple of ``launch.num_ranks``. ``lr``: the learning rate of this step only (an SFT
+        schedule: warm-up, decay), None = ``train.lr``. Returns ``sft/loss``, ``sft/perplexity``,
+        ``sft/tokens``, ``sft/sequences``, ``sft/grad_norm``, ``sft/lr``, ``time/sft_s``,
+        ``throughput/sft_tokens_per_s`` and the versions, logged to TensorBoard at the new ``session.step``.
+
+        Raises:
+            ValueError: a malformed batch (see :func:`rlsdk.data.sft.check_sft_batch` and
+                :func:`~rlsdk.data.sft.tokenize_sft`), a row count that is not a positive multiple of the
+                rank count (nothing is dropped), or an ``lr`` that is not > 0.
+        """
+        from rlsdk.data.sft import check_sft_batch, collate_sft, tokenize_sft
+        from rlsdk.observe.rollout_metrics import sft_metrics
+
+        engine = self._engine()
+        cfg = self.config
+        if isinstance(batch, (list, tuple)):
+            examples = tokenize_sft(batch, self.tokenizer, eos_token_ids=self.special_tokens.eos_token_ids)
+            batch = collate_sft(examples, self.special_tokens.pad_token_id)
+        if lr is not None and not (isinstance(lr, (int, float)) and lr > 0 and lr != float("inf")):
+            raise ValueError(f"lr={lr!r} is invalid: allowed None or a finite float > 0")
+        tensors = check_sft_batch(batch)
+        world = cfg.launch.num_ranks
+        rows = tensors["completion_ids_B_C"].shape[0]
+        if rows % world:
+            raise ValueError(
+                f"an SFT batch of {rows} rows cannot be split evenly over launch.num_ranks={world} ranks: use a "
+                f"multiple of {world} (every rank runs the same number of forward/backward passes)"
+            )
+        discard_lookahead = getattr(engine, "discard_lookahead", None)
+        if discard_lookahead is not None:
+            discard_lookahead()  # sampled with the weights this step replaces
+        colocated = cfg.inference.engine == "colocated"
+        per_rank = rows // world
+        bodies = [
+            {
+                "shard": {k: v[r * per_rank : (r + 1) * per_rank] for k, v in tensors.items()},
+                "num_tokens": int(tensors["completion_mask_B_C"].sum()),
+                "lr": None if lr is None else float(lr),
+                "with_checksum": colocated,
+            }
+            for r in range(world)
+        ]
+        self._updated_weights = None
+        start = time.perf_counter()
+        results = await self._broadcast("sft_update", bodies, timeout_s=cfg.launch.command_timeout_s)
+        self._record_trainer_version("sft_update", results, colocated)
+        stats = {
+            "step": float(self.step),
+            **sft_metrics(results, seconds=time.perf_counter() - start),
+            "version/trainer": float(self.versions.trainer_version),
+            "version/engine": float(self.versions.engine_version),
+        }
+        if self.metrics is not None:
+            self.metrics.log(self.step, stats)
+        logger.debug("sft step %d: %s", self.step, stats)
+        return stats
+
     # ------------------------------------------------------------------ the library loop and evaluation
     async def train(self, reward_fn: RewardFn, **kwargs: Any) -> Any:
         """Run the RL loop (rollout -> reward -> update -> sync per step) with ``reward_fn``, honouring
         ``train.max_steps``, ``train.checkpoint_every``, ``train.eval_every`` and ``train.target_reward`` unless
         the keyword arguments override them (``steps``, ``checkpoint_every``, ``eval_every``, ``eval_prompts``,
-        ``target_reward``, ``target_metric``, ``progress``, ``on_step``); returns a
+        ``eval_samples``, ``target_reward``, ``target_metric``, ``progress``, ``on_step``); returns a
         :class:`~rlsdk.train_loop.TrainSummary`. See :func:`rlsdk.train_loop.train`. The four single-step calls
         stay for interactive use."""
         from rlsdk.train_loop import train
@@ -1400,23 +1477,27 @@ class Session:
         *,
         n: int = 1,
         greedy: bool = True,
-        num_prompts: int = 64,
+        num_prompts: int | None = None,
         pass_threshold: float = 1.0,
         timeout_s: float | None = None,
+        prefix: str = "eval",
     ) -> dict[str, float]:
         """Score the policy the engine serves now on held-out prompts; log and return ``eval/*`` metrics.
 
-        ``prompts``: strings, dicts with a ``prompt`` key, a ``datasets.Dataset`` or column batch; ``None``:
-        ``num_prompts`` freshly seeded rows of the configured generated task (see
-        :func:`rlsdk.evaluation.held_out_prompts`). ``n`` samples per prompt; ``greedy``: temperature 0 with the
-        session's workflow (then ``n`` must be 1), else its training sampling settings. Returns
+        ``prompts``: strings, dicts with a ``prompt`` key, a ``datasets.Dataset`` or column batch; ``None``: the
+        rows of ``data.eval_path`` (all, or the first ``num_prompts``), else ``num_prompts`` (default 64) freshly
+        seeded rows of the configured generated task (see :func:`rlsdk.evaluation.held_out_prompts`). ``n``
+        samples per prompt; ``greedy``: temperature 0 with the session's workflow (then ``n`` must be 1), else its
+        training sampling settings. Returns
         ``eval/reward_mean``, ``eval/reward_std``, ``eval/pass@1`` (samples whose reward >= ``pass_threshold``),
         ``eval/pass@n`` (n > 1), the ``eval/completion/*`` lengths and rates, ``eval/num_prompts``,
         ``eval/engine_version`` and ``eval/seconds``; logged to TensorBoard at the current step, with sample
-        completions under ``eval/samples``. The training data position and rollout seeds are untouched.
+        completions under ``eval/samples``. ``prefix`` replaces ``eval`` in every name (e.g. ``eval_sampled``, to
+        log a sampled evaluation beside the greedy one at the same step). The training data position and rollout
+        seeds are untouched.
 
-        Raises ``ValueError`` for ``n < 1``, ``greedy`` with ``n > 1``, no prompts, or ``prompts=None`` with
-        ``data.task='file'``; ``RewardError`` as :meth:`reward`.
+        Raises ``ValueError`` for ``n < 1``, ``greedy`` with ``n > 1``, no prompts, an empty ``prefix``, or
+        ``prompts=None`` with ``data.task='file'`` and no ``data.eval_path``; ``RewardError`` as :meth:`reward`.
         """
         from rlsdk.evaluation import eval_seed, eval_workflow, held_out_prompts
         from rlsdk.observe.rollout_metrics import pass_metrics
@@ -1424,6 +1505,8 @@ class Session:
         engine = self._engine()
         if n < 1 or (greedy and n != 1):
             raise ValueError(f"n={n!r} is invalid: allowed an int >= 1, and 1 with greedy=True (samples are equal)")
+        if not prefix or "/" in prefix:
+            raise ValueError(f"prefix={prefix!r} is invalid: allowed a non-empty metric namespace without '/'")
         if prompts is None:
             rows = self._held_out.get(num_prompts)
             if rows is None:  # the same held-out rows at every evaluation of this session
@@ -1452,18 +1535,20 @@ class Session:
             "eval/engine_version": float(min(rollout.versions) if rollout.versions else self.versions.engine_version),
             "eval/seconds": time.perf_counter() - start,
         }
+        if prefix != "eval":
+            metrics = {prefix + key[len("eval") :]: value for key, value in metrics.items()}
         if self.metrics is not None:
             self.metrics.log(self.step, metrics)
-            self.metrics.log_text(self.step, "eval/samples", samples_markdown(rollout))
+            self.metrics.log_text(self.step, f"{prefix}/samples", samples_markdown(rollout))
         logger.info(
             "evaluation at step %d (engine v%d, %d prompts x %d, %s): reward %.3f, pass@1 %.3f",
             self.step,
-            int(metrics["eval/engine_version"]),
+            int(metrics[f"{prefix}/engine_version"]),
             len(rows),
             n,
             "greedy" if greedy else "sampled",
-            metrics["eval/reward_mean"],
-            metrics["eval/pass@1"],
+            metrics[f"{prefix}/reward_mean"],
+            metrics[f"{prefix}/pass@1"],
         )
         return metrics
 

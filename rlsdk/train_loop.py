@@ -9,7 +9,7 @@ around them the loop honours the config's loop fields, or the arguments that ove
   on the way. The loop always ends with a checkpoint of its last step (``train.checkpoint_every``'s "0 = only at
   the end"), unless one was just written.
 - ``eval_every`` (``train.eval_every``): ``Session.evaluate`` on the held-out prompts when ``session.step`` is a
-  multiple, and after the last step; 0 = never.
+  multiple, and after the last step; 0 = never (``eval_samples``: a sampled evaluation beside the greedy one).
 - ``target_reward`` (``train.target_reward``): stop once the mean reward over the last ``observe.moving_average``
   steps reaches it (not before that many steps ran).
 
@@ -98,6 +98,7 @@ async def train(
     target_metric: str = "reward/mean",
     progress: bool = True,
     on_step: Callable[[dict[str, float]], None] | None = None,
+    eval_samples: int = 0,
 ) -> TrainSummary:
     """Run ``session``'s RL loop with ``reward_fn``; see the module docstring for what each argument overrides.
 
@@ -108,10 +109,12 @@ async def train(
     ``target_reward`` applies to (e.g. one component of a :func:`~rlsdk.rewards.combine_rewards` reward,
     ``"reward/answer"``). ``progress``: a bar over the steps with the moving reward, loss and served version
     (tqdm: a widget in Jupyter, text in a terminal). ``on_step(stats)`` is called after each step's sync with
-    :meth:`Session.update`'s metrics.
+    :meth:`Session.update`'s metrics. ``eval_samples``: each evaluation also samples that many completions per
+    prompt with the training sampling settings, logged as ``eval_sampled/*`` beside the greedy ``eval/*``
+    (pass@1 and pass@n); 0 = greedy only.
 
     Raises:
-        ValueError: a negative ``steps``, ``checkpoint_every`` or ``eval_every``.
+        ValueError: a negative ``steps``, ``checkpoint_every``, ``eval_every`` or ``eval_samples``.
         KeyError: ``target_metric`` is not among the update's metrics (named, with the ones there are).
         and whatever the four calls raise (the session stays usable for ``restart``).
     """
@@ -124,6 +127,7 @@ async def train(
         "checkpoint_every", config.train.checkpoint_every if checkpoint_every is None else checkpoint_every
     )
     eval_every = _check_every("eval_every", config.train.eval_every if eval_every is None else eval_every)
+    eval_samples = _check_every("eval_samples", eval_samples)
     target = config.train.target_reward if target_reward is None else target_reward
     if target is not None and math.isinf(target) and target > 0:
         target = None
@@ -161,7 +165,7 @@ async def train(
                 summary.checkpoints.append(await session.save_checkpoint())
                 last_checkpoint_step = session.step
             if eval_every and session.step % eval_every == 0:
-                summary.evaluations.append(await _evaluate(session, eval_prompts, reward_fn))
+                summary.evaluations.append(await _evaluate(session, eval_prompts, reward_fn, eval_samples))
                 last_eval_step = session.step
             if target is None:
                 continue
@@ -180,7 +184,7 @@ async def train(
                 )
                 break
         if summary.steps and eval_every and last_eval_step != session.step:
-            summary.evaluations.append(await _evaluate(session, eval_prompts, reward_fn))
+            summary.evaluations.append(await _evaluate(session, eval_prompts, reward_fn, eval_samples))
         if summary.steps and last_checkpoint_step != session.step:
             summary.checkpoints.append(await session.save_checkpoint())
     finally:
@@ -208,8 +212,10 @@ async def run(config: SessionConfig, reward_fn: RewardFn, **train_kwargs: Any) -
         return await train(session, reward_fn, **train_kwargs)
 
 
-async def _evaluate(session: Session, prompts: Any, reward_fn: RewardFn) -> dict[str, float]:
+async def _evaluate(session: Session, prompts: Any, reward_fn: RewardFn, samples: int) -> dict[str, float]:
     result = await session.evaluate(prompts, reward_fn)
+    if samples:
+        result.update(await session.evaluate(prompts, reward_fn, n=samples, greedy=False, prefix="eval_sampled"))
     return {"step": float(session.step), **result}
 
 

@@ -1,4 +1,4 @@
-"""Advantage estimators, token log-probabilities and policy losses: pure tensor functions."""
+"""Advantage estimators, token log-probabilities, policy losses and the SFT loss: pure tensor functions."""
 
 from rlsdk.algorithms.advantages import (
     compute_advantages,
@@ -8,6 +8,7 @@ from rlsdk.algorithms.advantages import (
 )
 from rlsdk.algorithms.logprobs import completion_logprobs, token_entropy, token_logprobs
 from rlsdk.algorithms.losses import grpo_loss, kl_penalty, policy_loss
+from rlsdk.algorithms.sft import sft_loss
 
 __all__ = [
     "completion_logprobs",
@@ -18,6 +19,7 @@ __all__ = [
     "policy_loss",
     "reinforce_pp_advantages",
     "rloo_advantages",
+    "sft_loss",
     "token_entropy",
     "token_logprobs",
 ]

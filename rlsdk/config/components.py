@@ -714,6 +714,11 @@ class DataConfig:
         system_prompt: With chat_template only: a system message put before prompts that have none; None = none.
         split: task='file' with a saved DatasetDict directory: the split to use, non-empty.
         countdown_numbers: task='countdown': numbers offered per puzzle, in [2, 6].
+        eval_path: The held-out prompts ``Session.evaluate(None, ...)`` (and ``train.eval_every``) score: a local
+            file or ``save_to_disk`` directory as for path, prepared as the training prompts are (prompt_column,
+            chat_template, system_prompt, max_prompt_tokens); None = a freshly seeded sample of a generated task
+            (task='file' then needs the prompts passed to evaluate). Checked when the Session starts.
+        eval_split: With an eval_path directory holding a saved DatasetDict: the split to score, non-empty.
     """
 
     task: Literal["reverse_digits", "arithmetic", "countdown", "file"] = "reverse_digits"
@@ -728,9 +733,18 @@ class DataConfig:
     system_prompt: str | None = None
     split: str = "train"
     countdown_numbers: int = 3
+    eval_path: str | None = None
+    eval_split: str = "test"
 
     def __post_init__(self) -> None:
         check_types(self)
+        require(
+            self,
+            "eval_path",
+            self.eval_path is None or self.eval_path.strip() != "",
+            "None or a non-empty local path",
+        )
+        require(self, "eval_split", self.eval_split.strip() != "", "a non-empty split name")
         require(
             self,
             "path",

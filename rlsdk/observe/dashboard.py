@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from rlsdk.observe.logging import get_logger
 from rlsdk.observe.status import (
+    OPTIONAL_PLOTTED_METRICS,
     PLOTTED_METRICS,
     format_age,
     format_command,
@@ -227,6 +228,10 @@ def svg_line_chart(points: Sequence[tuple[int, float]], title: str, *, width: in
 def render_metrics_html(history: Iterable[tuple[int, dict[str, float]]]) -> str:
     merged = merged_history(history)
     charts = [svg_line_chart(series(merged, keys), title) for title, keys in PLOTTED_METRICS]
+    for title, keys in OPTIONAL_PLOTTED_METRICS:
+        points = series(merged, keys)
+        if points:
+            charts.append(svg_line_chart(points, title))
     return '<div class="rlsdk-metrics" style="display:flex;flex-wrap:wrap;gap:6px">' + "".join(charts) + "</div>"
 
 

@@ -8,6 +8,8 @@
 - :func:`pass_metrics`: ``pass@1`` and ``pass@n`` of a batch of ``n`` samples per prompt.
 - :func:`samples_markdown`: a few prompts, completions and rewards as a Markdown table (TensorBoard's text tab,
   the dashboard).
+- :func:`sft_metrics`: ``sft/loss``, ``sft/perplexity``, ``sft/tokens`` and the rest of an SFT step
+  (``Session.sft_update``).
 """
 
 from __future__ import annotations
@@ -118,3 +120,21 @@ def samples_markdown(rollout: Rollout, count: int = 4, *, max_chars: int = 300) 
         reward = "" if rollout.rewards_B is None else f"{float(rollout.rewards_B[b]):.3f}"
         lines.append(f"| {cell(row.get('prompt', ''))} | {cell(rollout.completions[b])} | {reward} |")
     return "\n".join(lines)
+
+
+def sft_metrics(results: Sequence[dict[str, float]], *, seconds: float) -> dict[str, float]:
+    """An SFT step's metrics from every rank's ``sft_update`` result (sums over its shard): ``sft/loss`` (mean
+    negative log-likelihood per completion token, nats), ``sft/perplexity``, ``sft/tokens``, ``sft/sequences``,
+    ``sft/grad_norm`` (before clipping), ``sft/lr``, ``time/sft_s`` and ``throughput/sft_tokens_per_s``."""
+    tokens = sum(float(r["tokens"]) for r in results)
+    loss = sum(float(r["nll_sum"]) for r in results) / max(tokens, 1.0)
+    return {
+        "sft/loss": loss,
+        "sft/perplexity": math.exp(min(loss, 50.0)),
+        "sft/tokens": tokens,
+        "sft/sequences": float(sum(int(r["sequences"]) for r in results)),
+        "sft/grad_norm": float(results[0]["grad_norm"]),
+        "sft/lr": float(results[0]["lr"]),
+        "time/sft_s": seconds,
+        "throughput/sft_tokens_per_s": tokens / seconds if seconds > 0 else math.nan,
+    }

@@ -18,6 +18,12 @@ PLOTTED_METRICS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("KL", ("train/kl",)),
     ("clip fraction", ("train/clip_fraction",)),
     ("step time (s)", ("time/rollout_s", "time/update_s", "time/sync_s")),
+    ("held-out pass@1 (greedy)", ("eval/pass@1",)),
+)
+# Plotted only once a step logged them: sampled evaluation and supervised fine-tuning (Session.sft_update).
+OPTIONAL_PLOTTED_METRICS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("held-out pass@1 (sampled)", ("eval_sampled/pass@1",)),
+    ("SFT loss", ("sft/loss",)),
 )
 
 
@@ -163,7 +169,7 @@ def format_status_text(status: Mapping[str, Any], history: Iterable[tuple[int, M
     if merged:
         step, metrics = merged[-1]
         parts = []
-        for title, keys in PLOTTED_METRICS:
+        for title, keys in (*PLOTTED_METRICS, *OPTIONAL_PLOTTED_METRICS):
             if all(key in metrics for key in keys):
                 parts.append(f"{title} {sum(metrics[key] for key in keys):.4g}")
         lines.append(f"step {step}: " + ", ".join(parts))

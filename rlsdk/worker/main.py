@@ -50,6 +50,7 @@ class Worker:
             "noop": self.noop,
             "init": self.init,
             "update": self.update,
+            "sft_update": self.sft_update,
             "weight_info": self.weight_info,
             "generate": self.generate,
             "export_weights": self.export_weights,
@@ -147,6 +148,12 @@ class Worker:
                 logger.debug("look-ahead generation after update failed", exc_info=True)
                 result["then_generate_error"] = f"{type(exc).__name__}: {exc}"
         return result
+
+    def sft_update(self, body: dict[str, Any]) -> dict[str, Any]:
+        """One supervised fine-tuning step (``Session.sft_update``): see ``TrainEngine.sft_update``."""
+        return self._require_engine().sft_update(
+            body["shard"], body["num_tokens"], lr=body.get("lr"), with_checksum=bool(body.get("with_checksum", False))
+        )
 
     def weight_info(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._require_engine().weight_info()

@@ -63,9 +63,35 @@ def check_async_rollouts(data: dict[str, Any]) -> None:
 
 
 def check_algorithms(data: dict[str, Any]) -> None:
-    assert set(data["runs"]) == {"recipe", "grpo", "dr_grpo", "dapo", "rloo"}
-    assert all(run["steps"] == 10 for runs in data["runs"].values() for run in runs)
-    assert all(len(row["steps_to_target"]) == 1 for row in data["summary"].values())
+    assert data["task"] == "reasoning" and len(data["sft"]) == 1
+    assert set(data["runs"]) == {"grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo"}
+    for runs in data["runs"].values():
+        (run,) = runs  # one seed
+        assert [e["step"] for e in run["evaluations"]] == [0.0, 2.0]  # before the first step, then every 2
+        assert all(0.0 <= e["eval/pass@1"] <= 1.0 for e in run["evaluations"])
+    for row in data["summary"].values():
+        assert [p["step"] for p in row["curve"]] == [0.0, 2.0] and row["final"]["eval/pass@1"]["n"] == 1
+    assert data["summary"]["dr_grpo"]["vs_grpo"]["final"]["p_value"] is None  # one seed: no test
+
+
+def check_post_training(data: dict[str, Any]) -> None:
+    (run,) = data["runs"]
+    greedy = run["summary"]["greedy"]
+    assert 0.0 <= greedy["sft_accuracy"] <= 1.0 and 0.0 <= greedy["rl_final_accuracy"] <= 1.0
+    assert [e["step"] for e in run["summary"]["rl"]["evaluations"]] == [0.0, 2.0, 4.0]
+    assert set(run["checks"]) == {"sft_accuracy_in_range", "gain_at_least_0.25", "grpo_within_30_min"}
+    assert run["process_seconds"] > run["summary"]["rl_seconds"] > 0
+
+
+def check_trl_post_training(data: dict[str, Any]) -> None:
+    assert [(run["system"], run["phase"]) for run in data["runs"]] == [
+        ("rlsdk", "sft"), ("trl", "sft"), ("rlsdk", "grpo"), ("trl", "grpo")
+    ]  # fmt: skip
+    for run in data["runs"]:
+        assert run["points"][0]["train_seconds"] == 0.0 or run["phase"] == "sft"
+        assert all(0.0 <= p["accuracy"] <= 1.0 for p in run["points"])
+    assert set(data["comparisons"]) == {"sft_seed0", "grpo_seed0"}
+    assert data["environment"]["versions"]["trl"] and data["trl_deviations"]
 
 
 def check_trl_compare(data: dict[str, Any]) -> None:
@@ -153,7 +179,9 @@ CASES: dict[str, tuple[Callable[[dict[str, Any]], None], list[Any], Callable[[],
     "dashboard_logs": (check_dashboard_logs, [*SLOW, pytest.mark.notebook], None),  # 15 s: a real Jupyter kernel
     "vllm_sync": (check_vllm_sync, [*DISTRIBUTED, pytest.mark.vllm], vllm_missing),  # 181 s: 2 vLLM server starts
     "async_rollouts": (check_async_rollouts, DISTRIBUTED, None),  # 79 s at 25 steps (now 12): 2 Sessions
-    "algorithms": (check_algorithms, DISTRIBUTED, None),  # 5 Sessions x 10 steps: every algorithm's config runs
+    "algorithms": (check_algorithms, DISTRIBUTED, None),  # an SFT Session, then 6 x 2 RL steps: every algorithm runs
+    "post_training": (check_post_training, DISTRIBUTED, None),  # the recipe end to end: 2 Sessions, a few steps each
+    "trl_post_training": (check_trl_post_training, DISTRIBUTED, trl_missing),  # 4 subprocesses, 2 of them Sessions
     "trl_compare": (check_trl_compare, DISTRIBUTED, trl_missing),  # 151 s: 4 subprocesses, two 2-rank Sessions
     "scaling": (check_scaling, DISTRIBUTED, None),  # 49 s: 3 Session starts (1 rank may not start: recorded)
     "soak": (check_soak, DISTRIBUTED, None),  # 32 s: a 2-rank Session for 30 steps

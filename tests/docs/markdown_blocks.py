@@ -311,16 +311,29 @@ _LINK = re.compile(r"\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)\)")
 _PLACEHOLDER = re.compile(r"(?:^|[/_.-])(?:[A-Z][A-Z0-9_]*)(?:$|[/_.-])")
 
 
-def cli_flags() -> set[str]:
-    """Every config flag of ``rlsdk run`` (tyro's names), booleans with their ``no-`` forms."""
+def cli_flags(root: Path = ROOT) -> set[str]:
+    """Every config flag of ``rlsdk run`` (tyro's names), booleans with their ``no-`` forms: SessionConfig's, and
+    those a recipe adds when its ``config()`` returns a SessionConfig subclass with sections of its own (e.g.
+    ``--sft.steps`` of recipes/sft_then_grpo.py)."""
+    from rlsdk.cli import load_recipe
     from rlsdk.compat.surface import config_fields
     from rlsdk.config import SessionConfig
     from rlsdk.config.cli import bool_flags
 
-    flags = {info.path.replace("_", "-") for info in config_fields(SessionConfig) if not info.section}
-    for flag in bool_flags(SessionConfig):
-        section, _, leaf = flag.rpartition(".")
-        flags.add(f"{section}.no-{leaf}" if section else f"no-{leaf}")
+    roots: list[type] = [SessionConfig]
+    for recipe in sorted((root / "recipes").glob("*.py")):
+        try:
+            config = load_recipe(str(recipe)).config()
+        except Exception:  # not a recipe (a helper module); its own tests report it
+            continue
+        if isinstance(config, SessionConfig) and type(config) is not SessionConfig:
+            roots.append(type(config))
+    flags: set[str] = set()
+    for config_class in roots:
+        flags |= {info.path.replace("_", "-") for info in config_fields(config_class) if not info.section}
+        for flag in bool_flags(config_class):
+            section, _, leaf = flag.rpartition(".")
+            flags.add(f"{section}.no-{leaf}" if section else f"no-{leaf}")
     return flags
 
 

@@ -42,7 +42,7 @@ def _page_param(page: Path) -> object:
         blocks = []
     markers = sorted(set().union(*(b.markers for b in blocks if b.kind == "run")))
     marks = [getattr(pytest.mark, m) for m in markers]
-    if "vllm" in markers:  # each vLLM server the page starts takes ~30-45 s to come up
+    if "vllm" in markers or "slow" in markers:  # a vLLM server takes ~30-45 s to come up; slow pages run Sessions
         marks.append(pytest.mark.timeout(900))
     return pytest.param(page, id=str(page.relative_to(ROOT)), marks=marks)
 

@@ -287,3 +287,29 @@ def test_shapes_section_with_fake_results_shows_rates_runs_skips_and_trl_ratio(
     assert "| S2-fsdp2-embedded-bf16 | 10.0 | 20.0 | 0.50 | 41.0% | 123 | 4.00 | 1.10x | 0.25 |" in page
     assert "| S2-ddp-embedded-bf16 | derived need 30.0 GiB > 20.0 GiB available |" in page
     assert "rlsdk (embedded engine) / TRL GRPOTrainer per-step time at S1: 0.60." in page
+
+
+def test_post_training_results_fill_the_marker_with_tables_intervals_and_significance(
+    hooks: ModuleType, tmp_path: Path
+) -> None:
+    env = {"environment": {"python": "3.11", "cpu": "cpu", "cpu_count": 2, "versions": {"torch": "2"}}}
+    greedy = {"sft_accuracy": 0.46, "rl_final_accuracy": 0.91, "gain": 0.45, "gain_25_at_step": 10}
+    recipe = {**env, "quick": False, "runs": [
+        {"seed": 0, "checks": {"sft_accuracy_in_range": True, "gain_at_least_0.25": True},
+         "summary": {"greedy": greedy, "sft_seconds": 180.0, "rl_seconds": 120.0}}]}  # fmt: skip
+    point = {"mean": 0.5, "ci95": 0.05, "n": 3}
+    row = {"curve": [{"eval/pass@1": point}], "final": {"eval/pass@1": point}, "area": point}
+    test = {"difference": {"mean": 0.1, "ci95": 0.02, "n": 3}, "p_value": 0.01, "significant": True}
+    algorithms = {**env, "task": "reasoning", "steps": 60, "seeds": [0, 1, 2],
+                  "summary": {"grpo": row, "rloo": {**row, "vs_grpo": {"final": test}}}}  # fmt: skip
+    (tmp_path / "post_training.json").write_text(json.dumps(recipe))
+    (tmp_path / "algorithms.json").write_text(json.dumps(algorithms))
+
+    text = hooks.post_training_results(tmp_path, "../img/benchmarks")
+    page = hooks.on_page_markdown(f"# Page\n\n{hooks.POST_TRAINING_MARKER}\n", None, None, None)
+
+    assert "| 0 | 46.0% | 91.0% | +45.0 | 10 | 180 | 120 | all held |" in text
+    assert "| rloo | 50.0% ± 5.0 | 50.0% ± 5.0 | 50.0% ± 5.0 | 10.0 points ± 2.0 | 0.010 | yes |" in text
+    assert "(paired t-test over seeds, p < 0.05): rloo." in text
+    assert "No results yet: `benchmarks/results/trl_post_training.json`" in text  # that file is absent here
+    assert hooks.POST_TRAINING_MARKER not in page and "## The recipe from scratch" in page

@@ -60,6 +60,35 @@ def test_custom_reward_and_workflow_notebook_trains_with_the_two_attempt_workflo
     assert run.open_sessions == 0
 
 
+def test_sft_then_rl_notebook_fine_tunes_then_compares_two_algorithms_from_the_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RLSDK_NOTEBOOK_SHORT", "1")  # the notebook's short setting: 16 SFT steps, 2 RL steps each
+
+    run = execute_notebook(
+        NOTEBOOKS / "sft_then_rl.ipynb",
+        cwd=tmp_path,
+        fetch={"sft": "sft_history", "versions": "sft_versions", "curves": "curves"},
+    )
+
+    (sft,) = run.values["sft"]
+    assert sft["step"] == 16 and sft["version"] == 16 and sft["loss"] > 0
+    assert 0.0 <= sft["greedy"] <= 1.0 and 0.0 <= sft["sampled"] <= 1.0
+    assert run.values["versions"] == [16, 16]  # trainer and engine agree after the SFT steps and the sync
+    curves = run.values["curves"]
+    assert {name: [step for step, _ in points] for name, points in curves.items()} == {
+        "grpo": [0, 2],
+        "dr_grpo": [0, 2],
+    }
+    assert curves["grpo"][0][1] == curves["dr_grpo"][0][1]  # both start from the same SFT checkpoint
+    assert all(0.0 <= accuracy <= 1.0 for points in curves.values() for _, accuracy in points)
+    outputs = [out for cell in run.notebook.cells for out in cell.get("outputs", [])]
+    assert any("image/png" in out.get("data", {}) for out in outputs)  # the two curves were plotted
+    assert any(WIDGET_VIEW in out.get("data", {}) for out in outputs)  # the dashboard was displayed
+    assert run.open_sessions == 0
+    assert (tmp_path / "outputs" / "sft_then_rl" / "dr_grpo" / "tensorboard").is_dir()
+
+
 def _run_promoted_recipe(recipe: Path, cwd: Path, *args: str) -> list[dict[str, Any]]:
     """Run the recipe through the same path as `rlsdk run` (flags parsed from the config), return main's value."""
     code = (

@@ -446,18 +446,8 @@ class TrainEngine:
         """Clip the accumulated gradients to ``train.max_grad_norm`` (None: no clipping), step the optimizer and
         the learning-rate schedule, zero the gradients. Returns the gradient norm before clipping (NaN without
         clipping), on the device: no host sync."""
-        grad_norm = torch.tensor(float("nan"))
-        max_norm = self.config.train.max_grad_norm
-        if max_norm is not None:
-            if self.fsdp2:
-                from rlsdk.engine.train.fsdp import clip_grad_norm
-
-                grad_norm = clip_grad_norm(list(self.model.parameters()), max_norm)
-            else:
-                grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
-        self.optimizer.step()
+        grad_norm = self._clip_and_step()
         self.schedule.step()
-        self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
     def _logits_options(self) -> dict[str, Any]:
@@ -518,6 +508,24 @@ class TrainEngine:
             ]
         )
         return old_B_C, (sums, maxima)
+
+    def _clip_and_step(self) -> torch.Tensor:
+        """Clip the accumulated gradients to ``train.max_grad_norm`` (None: no clipping), step the optimizer, zero the
+        gradients. Returns the gradient norm before clipping (NaN without clipping), on the device: no host sync.
+        The SFT step steps through it alone (its learning rate is the caller's); the RL update through
+        :meth:`_optimizer_step`, which also steps ``train.lr_scheduler``."""
+        grad_norm = torch.tensor(float("nan"))
+        max_norm = self.config.train.max_grad_norm
+        if max_norm is not None:
+            if self.fsdp2:
+                from rlsdk.engine.train.fsdp import clip_grad_norm
+
+                grad_norm = clip_grad_norm(list(self.model.parameters()), max_norm)
+            else:
+                grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
 
     def accumulate_gradients(
         self, shard: dict[str, torch.Tensor], num_tokens_global: int, *, num_sequences_global: int | None = None
@@ -674,6 +682,88 @@ class TrainEngine:
             if self.on_progress is not None:
                 self.on_progress(index + 1, len(micro_batches))
         return torch.cat([sums, maxima])
+
+    def sft_update(
+        self,
+        shard: dict[str, torch.Tensor],
+        num_tokens_global: int,
+        *,
+        lr: float | None = None,
+        with_checksum: bool = False,
+    ) -> dict[str, Any]:
+        """One supervised fine-tuning step on this rank's shard; publishes version + 1, as :meth:`update` does.
+
+        ``shard`` holds ``prompt_ids_B_P``, ``prompt_mask_B_P``, ``completion_ids_B_C`` and ``completion_mask_B_C``
+        (:func:`rlsdk.data.sft.collate_sft`); the loss is :func:`rlsdk.algorithms.sft.sft_loss` over the masked
+        completion tokens at temperature 1 (the model's own distribution; ``rollout.temperature`` is a sampling
+        setting), normalised by ``num_tokens_global / world_size`` per micro-batch for the reason
+        :meth:`accumulate_gradients` gives. Same micro-batching (``train.micro_batch_size`` or
+        ``train.max_tokens_per_micro_batch``; with 'ddp' only the last one synchronises gradients), mixed
+        precision, chunked log-probs, clipping and optimizer step as :meth:`update` (``train.lr_scheduler`` is not
+        stepped); ``lr`` (> 0) replaces the optimizer's learning rate for this step only (an SFT schedule computed
+        by the caller), None keeps it.
+        Returns this shard's SUMS (``nll_sum``, ``tokens``), ``grad_norm``, ``lr`` (the one used), ``version``,
+        ``seconds``, ``sequences`` and, with ``with_checksum`` (same flag on every rank), the new weights'
+        ``checksum``.
+
+        Raises:
+            ValueError: other keys than those four, or an empty shard (every rank needs a sequence).
+        """
+        from rlsdk.algorithms.sft import sft_loss
+        from rlsdk.data.sft import SFT_BATCH_KEYS
+
+        start = time.perf_counter()
+        if lr is not None and not lr > 0:
+            raise ValueError(f"lr={lr!r} is invalid: allowed None or a float > 0")
+        if set(shard) != set(SFT_BATCH_KEYS):
+            raise ValueError(f"sft_update shard has keys {sorted(shard)}, expected {sorted(SFT_BATCH_KEYS)}")
+        batch_size = shard["completion_ids_B_C"].shape[0]
+        if batch_size == 0:
+            raise ValueError("sft_update shard is empty: every rank needs at least one sequence")
+        denom = num_tokens_global / self.accelerator.num_processes
+        self.model.train()
+        sums = torch.zeros(2, dtype=torch.float64)
+        micro_batches = self._micro_batches(shard)  # the RL update's: token budget and count agreed by the ranks
+        # Temperature 1: the model's own distribution (rollout.temperature is a sampling setting).
+        logits_options = {**self._logits_options(), "temperature": 1.0}
+        for index, mb in enumerate(micro_batches):
+            with contextlib.nullcontext() if index == len(micro_batches) - 1 else self._no_sync():
+                with self._autocast():
+                    logprobs_B_C, _ = completion_logprobs(
+                        self.model,
+                        mb["prompt_ids_B_P"],
+                        mb["prompt_mask_B_P"],
+                        mb["completion_ids_B_C"],
+                        mb["completion_mask_B_C"],
+                        **logits_options,
+                    )
+                loss, metrics = sft_loss(logprobs_B_C, mb["completion_mask_B_C"], num_tokens=denom)
+                self.accelerator.backward(loss)
+            sums += torch.stack([metrics["nll_sum"], metrics["tokens"]])
+            if self.on_progress is not None:
+                self.on_progress(index + 1, len(micro_batches))
+        groups = self.optimizer.param_groups
+        saved = [group["lr"] for group in groups]
+        if lr is not None:
+            for group in groups:
+                group["lr"] = lr
+        used_lr = float(groups[0]["lr"])
+        try:
+            grad_norm = self._clip_and_step()  # not the RL learning-rate schedule: SFT's rate is the caller's
+        finally:
+            for group, value in zip(groups, saved):
+                group["lr"] = value
+        self.version += 1
+        set_log_context(version=self.version)
+        norm_1 = torch.as_tensor(grad_norm, dtype=torch.float64).reshape(1)
+        nll_sum, tokens, norm = torch.cat([sums, norm_1]).tolist()
+        result: dict[str, Any] = {
+            "nll_sum": nll_sum, "tokens": tokens, "grad_norm": norm, "lr": used_lr, "version": self.version,
+            "seconds": time.perf_counter() - start, "sequences": batch_size,
+        }  # fmt: skip
+        if with_checksum:
+            result["checksum"] = self.weight_info()["checksum"]
+        return result
 
     def generate(
         self,

@@ -1,0 +1,65 @@
+"""The held-out prompts of ``Session.evaluate(None, ...)``: every row of ``data.eval_path`` (or the first
+``num_prompts``), prepared exactly as the training prompts are; bad files name ``data.eval_path`` /
+``data.eval_split``; the dashboard plots the held-out pass@1 beside the training curves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlsdk.config import ConfigError, DataConfig, ModelConfig, SessionConfig
+from rlsdk.data.reasoning import ReasoningTask, build_reasoning_tokenizer
+from rlsdk.evaluation import held_out_prompts
+from rlsdk.observe.dashboard import render_metrics_html
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_reasoning_tokenizer(ReasoningTask(num_sft=20, num_rl=20, num_test=5))
+
+
+def _config(tmp_path: Path, **data: object) -> SessionConfig:
+    train = tmp_path / "train.jsonl"
+    train.write_text(json.dumps({"question": "What is 1 + 1?", "answer": "2"}) + "\n")
+    fields = {"task": "file", "path": str(train), "prompt_column": "question", **data}
+    return SessionConfig(model=ModelConfig(path="unused"), data=DataConfig(**fields))  # type: ignore[arg-type]
+
+
+def test_held_out_prompts_of_eval_path_are_every_row_prepared_like_the_training_prompts(tmp_path, tokenizer) -> None:
+    held_out = tmp_path / "test.jsonl"
+    held_out.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n"
+                                for i in range(5)))  # fmt: skip
+    config = _config(tmp_path, eval_path=str(held_out), chat_template=True)
+
+    every = held_out_prompts(config, tokenizer, None)
+    first = held_out_prompts(config, tokenizer, 2)
+
+    assert [row["answer"] for row in every] == ["1", "2", "3", "4", "5"] and first == every[:2]
+    assert every[0]["prompt"] == "<|im_start|>user\nWhat is 0 + 1?<|im_end|>\n<|im_start|>assistant\n"
+    assert every[0]["question"] == "What is 0 + 1?"  # the other columns reach the reward function
+
+
+def test_held_out_prompts_bad_eval_file_raises_config_error_naming_eval_fields(tmp_path, tokenizer) -> None:
+    import datasets
+
+    datasets.DatasetDict({"test": datasets.Dataset.from_dict({"question": ["q"]})}).save_to_disk(tmp_path / "dd")
+
+    with pytest.raises(ConfigError, match=r"data\.eval_path="):
+        held_out_prompts(_config(tmp_path, eval_path=str(tmp_path / "missing.jsonl")), tokenizer, None)
+    with pytest.raises(ConfigError, match=r"data\.eval_split='validation'.*\['test'\]"):
+        held_out_prompts(_config(tmp_path, eval_path=str(tmp_path / "dd"), eval_split="validation"), tokenizer, None)
+    assert len(held_out_prompts(_config(tmp_path, eval_path=str(tmp_path / "dd")), tokenizer, None)) == 1
+    with pytest.raises(ValueError, match=r"no data\.eval_path"):
+        held_out_prompts(_config(tmp_path), tokenizer, None)
+    with pytest.raises(ConfigError, match=r"DataConfig\.eval_path"):
+        DataConfig(eval_path=" ")
+
+
+def test_dashboard_plots_held_out_pass_at_1_always_and_sft_loss_once_logged() -> None:
+    rl_only = render_metrics_html([(1, {"reward/mean": 0.5}), (2, {"eval/pass@1": 0.4})])
+    with_sft = render_metrics_html([(1, {"sft/loss": 0.9}), (2, {"sft/loss": 0.4, "eval/pass@1": 0.3})])
+
+    assert "held-out pass@1 (greedy)" in rl_only and "SFT loss" not in rl_only
+    assert "SFT loss" in with_sft and "held-out pass@1 (sampled)" not in with_sft
