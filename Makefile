@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 PYTEST_ARGS ?=
 
-.PHONY: run test lint format bench hooks clean docs compat
+.PHONY: run test test-slow lint format bench hooks clean docs compat
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,9 +33,16 @@ $(VENV)/.stamp-vllm: pyproject.toml $(VENV)/.stamp-base
 run: $(VENV)/.stamp-base $(if $(findstring vllm,$(ARGS)),$(VENV)/.stamp-vllm)
 	$(BIN)/rlsdk run recipes/grpo_reverse.py $(ARGS)
 
-# With the vllm extra, so the `vllm` tests run against a real vLLM server (one start for the suite).
+# With the vllm extra, so the `vllm` tests run against a real vLLM server (one start for the suite). The default
+# suite leaves out the tests marked slow (real-shape models, the live hang checks, 4-rank fault patterns, benchmark
+# smoke runs, the real browser): `make test-slow` runs those, `make test TEST_MARKERS=` everything.
+TEST_MARKERS ?= not slow
+
 test: $(VENV)/.stamp-dev $(VENV)/.stamp-vllm
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(if $(TEST_MARKERS),-m "$(TEST_MARKERS)") $(PYTEST_ARGS)
+
+test-slow: $(VENV)/.stamp-dev $(VENV)/.stamp-vllm
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 lint: $(VENV)/.stamp-dev
 	$(BIN)/ruff check .
