@@ -31,7 +31,14 @@ from rlsdk.engine.inference.vllm_worker import WEIGHTS_DIR_ENV
 from rlsdk.engine.publish_dir import PublishDir
 from rlsdk.observe.logging import ROOT_LOGGER, RankLogRouter, capture_records, get_logger, set_log_context
 from rlsdk.observe.metrics import MetricsWriter
-from rlsdk.observe.rollout_metrics import completion_metrics, reward_metrics, samples_markdown, throughput_metrics
+from rlsdk.observe.rollout_metrics import (
+    agreement_metrics,
+    completion_metrics,
+    current_rows_B_C,
+    reward_metrics,
+    samples_markdown,
+    throughput_metrics,
+)
 from rlsdk.observe.status import last_batch_staleness, rank_alive
 from rlsdk.rewards.apply import RewardFn, compute_reward_breakdown
 from rlsdk.runtime_dir import output_modes, private_dir, restrict_tree
@@ -1163,6 +1170,7 @@ class Session:
             )[index_B],
             "logprobs_B_C": rollout.logprobs_B_C[index_B],
             "advantages_B": advantages_B[index_B],
+            "agreement_mask_B_C": current_rows_B_C(rollout, self.versions.trainer_version)[index_B],
         }
         num_tokens = int(batch["completion_mask_B_C"].sum())
         per_rank = index_B.numel() // world
@@ -1201,17 +1209,12 @@ class Session:
         totals = {
             k: sum(float(r[k]) for r in results)
             for k in ("loss_sum", "clipped_tokens", "ratio_sum", "kl_sum", "entropy_sum", "tokens",
-                      "logprob_absdiff_sum", "ratio_dev_sq_sum", "objective", "is_weight_sum", "is_capped_tokens")
+                      "logprob_absdiff_sum", "ratio_dev_sq_sum", "objective", "is_weight_sum", "is_capped_tokens",
+                      "agreement_tokens")
         }  # fmt: skip
         maxima = {k: max(float(r[k]) for r in results) for k in ("logprob_absdiff_max", "ratio_max", "neg_ratio_min")}
         tokens = max(totals["tokens"], 1.0)
-        agreement = {
-            "agreement/logprob_absdiff_mean": totals["logprob_absdiff_sum"] / tokens,
-            "agreement/logprob_absdiff_max": maxima["logprob_absdiff_max"],
-            "agreement/ratio_rms_dev": (totals["ratio_dev_sq_sum"] / tokens) ** 0.5,  # sqrt(mean((ratio - 1)^2))
-            "agreement/ratio_min": -maxima["neg_ratio_min"],
-            "agreement/ratio_max": maxima["ratio_max"],
-        }
+        agreement = agreement_metrics(totals, maxima)
         update_s = time.perf_counter() - start
         rollout_s = float(rollout.info.get("seconds", float("nan")))
         stats = {
@@ -1256,11 +1259,12 @@ class Session:
             self.metrics.log(self.step, stats)
             self.metrics.log_text(self.step, "samples", samples_markdown(rollout))
         self._check_entropy_bonus(stats["train/entropy"], advantages_B[index_B])
+        # NaN (no token of the trainer's version) compares False: nothing like-for-like to judge.
         if agreement["agreement/logprob_absdiff_mean"] > cfg.inference.logprob_warn_threshold:
             logger.warning(
                 "update %d: trainer and engine disagree: mean |logprob diff| %.4g (max %.4g, ratio in "
-                "[%.3f, %.3f]) > inference.logprob_warn_threshold=%g over %d tokens of behaviour versions %s "
-                "(engine serves %s, trainer computes in %s); stale or corrupted engine weights, a dtype "
+                "[%.3f, %.3f]) > inference.logprob_warn_threshold=%g over the %d tokens of rows sampled wholly "
+                "by the trainer's v%d (engine serves %s, trainer computes in %s); corrupted engine weights, a dtype "
                 "mismatch, or top-k/top-p sampling?",
                 self.step,
                 agreement["agreement/logprob_absdiff_mean"],
@@ -1268,8 +1272,8 @@ class Session:
                 agreement["agreement/ratio_min"],
                 agreement["agreement/ratio_max"],
                 cfg.inference.logprob_warn_threshold,
-                int(totals["tokens"]),
-                rollout.versions,
+                int(totals["agreement_tokens"]),
+                trainer_version,
                 cfg.inference.dtype or cfg.model.dtype,
                 "bf16 (float32 master weights)" if cfg.train.mixed_precision == "bf16" else cfg.model.dtype,
             )

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -89,6 +89,43 @@ def throughput_metrics(
         "throughput/rollout_tokens_per_s": rate(rollout_tokens, rollout_s),
         "throughput/update_tokens_per_s": rate(update_tokens, update_s),
     }
+
+
+def current_rows_B_C(rollout: Rollout, trainer_version: int) -> torch.Tensor:
+    """The completion tokens whose trainer and engine log-probs are comparable like with like: every generated
+    token of their row came from the weights the trainer holds (``versions_B_C == trainer_version``).
+
+    In async mode a row is mostly one version behind, or partial (later tokens from the new weights over a key/value
+    cache the old ones wrote): the trainer's forward on its own weights differs from such a row's log-probs by the
+    policy's lag, not by a fault, and would read as corrupted weights."""
+    mask_B_C = rollout.completion_mask_B_C.bool()
+    whole_B = ((rollout.versions_B_C == trainer_version) | ~mask_B_C).all(dim=1)
+    return mask_B_C & whole_B[:, None]
+
+
+def agreement_metrics(totals: Mapping[str, float], maxima: Mapping[str, float]) -> dict[str, float]:
+    """Trainer-vs-engine agreement of an update, from the ranks' summed ``agreement_tokens``,
+    ``logprob_absdiff_sum``, ``ratio_dev_sq_sum`` and their ``logprob_absdiff_max``, ``ratio_max`` and
+    ``neg_ratio_min`` (the ratio minimum negated): over the rows the trainer's own weights sampled
+    (:func:`current_rows_B_C`).
+
+    ``agreement/tokens`` counts them; with none (an async batch entirely one version behind) every other entry is
+    NaN, which no threshold check fires on: there was nothing like-for-like to compare."""
+    tokens = float(totals["agreement_tokens"])
+    if tokens <= 0:
+        nan = float("nan")
+        return {"agreement/tokens": 0.0, **{f"agreement/{k}": nan for k in _AGREEMENT_STATS}}
+    return {
+        "agreement/tokens": tokens,
+        "agreement/logprob_absdiff_mean": float(totals["logprob_absdiff_sum"]) / tokens,
+        "agreement/logprob_absdiff_max": float(maxima["logprob_absdiff_max"]),
+        "agreement/ratio_rms_dev": (float(totals["ratio_dev_sq_sum"]) / tokens) ** 0.5,  # sqrt(mean((ratio-1)^2))
+        "agreement/ratio_min": -float(maxima["neg_ratio_min"]),
+        "agreement/ratio_max": float(maxima["ratio_max"]),
+    }
+
+
+_AGREEMENT_STATS = ("logprob_absdiff_mean", "logprob_absdiff_max", "ratio_rms_dev", "ratio_min", "ratio_max")
 
 
 def pass_metrics(

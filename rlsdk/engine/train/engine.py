@@ -35,6 +35,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 _SUM_KEYS = (
     "loss_sum", "clipped_tokens", "ratio_sum", "kl_sum", "entropy_sum", "tokens",
     "logprob_absdiff_sum", "ratio_dev_sq_sum", "objective", "is_weight_sum", "is_capped_tokens",
+    "agreement_tokens",
 )  # fmt: skip
 # Trainer-vs-engine agreement extremes; the ratio minimum is packed negated so that every entry is a maximum.
 _MAX_KEYS = ("logprob_absdiff_max", "ratio_max", "neg_ratio_min")
@@ -177,6 +178,16 @@ def _rewrite_in_place(path: str, state_dict: dict[str, torch.Tensor]) -> bool:
 def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     """The parameters the optimizer updates: all of them, or the adapters of a LoRA model (same order)."""
     return [p for p in model.parameters() if p.requires_grad]
+
+
+def _agreement_tokens(shard: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The tokens whose trainer and behaviour log-probs are compared (the agreement metrics): completion tokens of
+    rows sampled wholly by the weights the trainer holds (``agreement_mask_B_C``, which the Session sets from the
+    tokens' versions, see :func:`rlsdk.observe.rollout_metrics.current_rows_B_C`; default: every completion
+    token). A row of an older version, or a partial one, differs by the policy's lag, not by a fault."""
+    valid_B_C = shard["completion_mask_B_C"].bool()
+    chosen_B_C = shard.get("agreement_mask_B_C")
+    return valid_B_C if chosen_B_C is None else valid_B_C & chosen_B_C.bool()
 
 
 class TrainEngine:
@@ -419,7 +430,7 @@ class TrainEngine:
         sums /= train.ppo_epochs  # means over the epochs: each epoch sees the batch's tokens once
         sums[_SUM_KEYS.index("objective")] /= len(bounds)  # the mean differentiated loss of one step
         if agreement is not None:
-            for key, value in zip(("logprob_absdiff_sum", "ratio_dev_sq_sum"), agreement[0]):
+            for key, value in zip(("logprob_absdiff_sum", "ratio_dev_sq_sum", "agreement_tokens"), agreement[0]):
                 sums[_SUM_KEYS.index(key)] = value
             maxima = agreement[1]
         self.version += 1
@@ -471,8 +482,9 @@ class TrainEngine:
         micro-batches of ``train.micro_batch_size``; and their agreement with the behaviour log-probs.
 
         Every rank calls it with an equal shard (with 'fsdp2' each forward all-gathers). Returns
-        ``(old_logprobs_B_C, (sums, maxima))``: ``sums`` are ``logprob_absdiff_sum`` and ``ratio_dev_sq_sum``,
-        ``maxima`` the ``_MAX_KEYS``, of ``old - behaviour`` over the completion tokens (float64, on the device).
+        ``(old_logprobs_B_C, (sums, maxima))``: ``sums`` are ``logprob_absdiff_sum``, ``ratio_dev_sq_sum`` and
+        ``agreement_tokens``, ``maxima`` the ``_MAX_KEYS``, of ``old - behaviour`` over the compared tokens
+        (``agreement_mask_B_C``, see :meth:`accumulate_gradients`; float64, on the device).
         When the trainer holds the weights the engine sampled with, ``old`` equals the behaviour log-probs to
         float rounding, and so does the first forward of :meth:`update`'s first step.
         """
@@ -495,11 +507,11 @@ class TrainEngine:
                 )
             parts.append(logprobs_B_C.detach())
         old_B_C = torch.cat(parts)
-        valid_B_C = shard["completion_mask_B_C"].bool()
+        valid_B_C = _agreement_tokens(shard)
         log_ratio_B_C = torch.where(valid_B_C, old_B_C.double() - shard["logprobs_B_C"].double(), 0.0)
         ratio_B_C = log_ratio_B_C.exp()
         neg_inf = torch.tensor(float("-inf"), dtype=torch.float64)
-        sums = torch.stack([log_ratio_B_C.abs().sum(), log_ratio_B_C.expm1().square().sum()])
+        sums = torch.stack([log_ratio_B_C.abs().sum(), log_ratio_B_C.expm1().square().sum(), valid_B_C.sum().double()])
         maxima = torch.stack(
             [
                 torch.where(valid_B_C, log_ratio_B_C.abs(), neg_inf).max(),
@@ -558,16 +570,18 @@ class TrainEngine:
         Logprob agreement: every forward here runs on the weights the engine served for an on-policy batch (the
         optimizer steps only after the last micro-batch; :meth:`update` replaces these metrics with its proximal
         pass's when it steps several times), so ``|logprobs - behaviour logprobs|`` and the
-        importance ratio ``exp(logprobs - behaviour logprobs)`` measure trainer-vs-engine disagreement (plus the
-        policy lag of samples older than the trainer's version). They are computed from tensors the loss
-        already needs, on the device, with no extra host sync.
+        importance ratio ``exp(logprobs - behaviour logprobs)`` measure trainer-vs-engine disagreement, over the
+        tokens of ``agreement_mask_B_C`` (rows the trainer's own weights sampled; one of an older version, or a
+        partial one, would add the policy's lag), counted in ``agreement_tokens``. They are computed from tensors
+        the loss already needs, on the device, with no extra host sync.
         """
         cfg = self.config
         expected = {"prompt_ids_B_P", "prompt_mask_B_P", "completion_ids_B_C", "completion_mask_B_C",
                     "logprobs_B_C", "advantages_B"}  # fmt: skip
         # completion_attention_mask_B_C default: completion_mask_B_C (attend = train); old_logprobs_B_C (the
         # proximal log-probs of update()'s several optimizer steps) default: this forward's, detached
-        optional = {"completion_attention_mask_B_C", "old_logprobs_B_C"}
+        # agreement_mask_B_C default: completion_mask_B_C (see _agreement_tokens)
+        optional = {"completion_attention_mask_B_C", "old_logprobs_B_C", "agreement_mask_B_C"}
         if not expected <= set(shard) <= expected | optional:
             raise ValueError(
                 f"update shard has keys {sorted(shard)}, expected {sorted(expected)} (+ optional {sorted(optional)})"
@@ -648,7 +662,7 @@ class TrainEngine:
             mask_B_C = mb["completion_mask_B_C"]
             entropy_sum = (entropy_B_C.detach() * mask_B_C).sum() if entropy_B_C is not None else torch.zeros(())
             with torch.no_grad():
-                valid_B_C = mask_B_C.bool()
+                valid_B_C = _agreement_tokens(mb)
                 log_ratio_B_C = logprobs_B_C.detach().double() - mb["logprobs_B_C"].double()
                 absdiff_B_C = torch.where(valid_B_C, log_ratio_B_C.abs(), 0.0)
                 ratio_B_C = torch.where(valid_B_C, log_ratio_B_C.exp(), 0.0)
@@ -677,6 +691,7 @@ class TrainEngine:
                     loss.detach().double(),
                     metrics["is_weight_sum"].detach().double(),
                     metrics["is_capped_tokens"].detach().double(),
+                    valid_B_C.sum().double(),
                 ]
             )
             if self.on_progress is not None:

@@ -24,6 +24,7 @@ COMPLETION_KEYS = (
     "completion_attention_mask_B_C",
     "logprobs_B_C",
     "old_logprobs_B_C",
+    "agreement_mask_B_C",
 )
 
 
