@@ -1210,7 +1210,7 @@ class Session:
             k: sum(float(r[k]) for r in results)
             for k in ("loss_sum", "clipped_tokens", "ratio_sum", "kl_sum", "entropy_sum", "tokens",
                       "logprob_absdiff_sum", "ratio_dev_sq_sum", "objective", "is_weight_sum", "is_capped_tokens",
-                      "agreement_tokens")
+                      "agreement_tokens", "ratio_limited_tokens")
         }  # fmt: skip
         maxima = {k: max(float(r[k]) for r in results) for k in ("logprob_absdiff_max", "ratio_max", "neg_ratio_min")}
         tokens = max(totals["tokens"], 1.0)
@@ -1226,6 +1226,9 @@ class Session:
             "train/objective": totals["objective"] / world,
             "train/is_weight_mean": totals["is_weight_sum"] / tokens,
             "train/is_capped_fraction": totals["is_capped_tokens"] / tokens,
+            # Tokens whose log-ratio lay beyond algorithm.losses.LOG_RATIO_LIMIT (the overflow guard engaged): 0 in
+            # a healthy run; anything else means trainer and engine log-probs disagree wildly.
+            "train/ratio_limited_fraction": totals["ratio_limited_tokens"] / tokens,
             "train/clip_fraction": totals["clipped_tokens"] / tokens,
             "train/ratio_mean": totals["ratio_sum"] / tokens,
             "train/kl": totals["kl_sum"] / tokens,

@@ -75,6 +75,8 @@ def test_session_step_on_real_ranks_publishes_and_syncs_versions_then_closes_cle
     assert stats["reward/reverse"] == pytest.approx(stats["reward/mean"], rel=0, abs=1e-6)
     assert stats["agreement/logprob_absdiff_max"] < 1e-4  # the ranks' logprobs vs the embedded engine's
     assert abs(stats["agreement/ratio_max"] - 1.0) < 1e-4 and stats["agreement/ratio_rms_dev"] < 1e-4
+    assert stats["agreement/tokens"] == stats["train/tokens"]  # sequential: every row sampled by the trainer's v0
+    assert stats["train/ratio_limited_fraction"] == 0.0  # the log-ratio guard never engaged
     output = Path(small_config.observe.output_dir)
     assert list((output / "tensorboard").glob("events.out.tfevents.*"))
     assert (output / "logs" / "rank_0.log").is_file() and (output / "logs" / "rank_1.log").is_file()

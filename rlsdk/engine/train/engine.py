@@ -35,7 +35,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 _SUM_KEYS = (
     "loss_sum", "clipped_tokens", "ratio_sum", "kl_sum", "entropy_sum", "tokens",
     "logprob_absdiff_sum", "ratio_dev_sq_sum", "objective", "is_weight_sum", "is_capped_tokens",
-    "agreement_tokens",
+    "agreement_tokens", "ratio_limited_tokens",
 )  # fmt: skip
 # Trainer-vs-engine agreement extremes; the ratio minimum is packed negated so that every entry is a maximum.
 _MAX_KEYS = ("logprob_absdiff_max", "ratio_max", "neg_ratio_min")
@@ -692,6 +692,7 @@ class TrainEngine:
                     metrics["is_weight_sum"].detach().double(),
                     metrics["is_capped_tokens"].detach().double(),
                     valid_B_C.sum().double(),
+                    metrics["ratio_limited_tokens"].detach().double(),
                 ]
             )
             if self.on_progress is not None:
