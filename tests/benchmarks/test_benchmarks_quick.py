@@ -239,3 +239,24 @@ def test_async_rollouts_quick_with_the_tool_task_runs_both_modes_through_the_slo
     }
     assert tool["tool_latency_ms"] == 5.0 and tool["target_metric"] == "reward/answer"
     assert tool["summary"]["step_ms"]["ratio_async_over_sequential"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(600)
+def test_versus_revision_quick_measures_both_trees_and_writes_their_ratios(tmp_path: Path) -> None:
+    out = tmp_path / "versus_revision.json"
+
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "versus_revision.py"), "--base", "HEAD", "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["quick"] is True and len(data["base"]) == 40
+    for key in ("noop_us", "step_s"):
+        assert all(run[key] > 0 for name in ("base", "this") for run in data["runs"][name])
+        assert data["ratios"][key]["median"] > 0
