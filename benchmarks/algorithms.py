@@ -4,7 +4,7 @@
 tokenizer and the random-init model are built from that seed and SFT'd once (the recipe's SFT phase); then every
 algorithm runs ``--steps`` RL steps from that SAME SFT checkpoint, in a fresh Session each, the runs of a seed
 interleaved in a fixed order. Everything but the algorithm switch is the recipe's (16 problems x 8 samples,
-lr 5e-4, temperature 1.0, the answer + 0.1 format reward):
+lr 5e-4 after a 10-step warm-up, temperature 1.0, the answer + 0.1 format reward):
 
 - ``grpo``: the recipe as shipped (``algorithm.name='grpo'``: std-scaled group advantages, token-mean loss);
 - ``dr_grpo``: ``algorithm.name='dr_grpo'`` (Liu et al. 2025: no std, fixed-length normalisation);

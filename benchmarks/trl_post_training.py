@@ -12,7 +12,8 @@ each in a fresh subprocess:
 3. ``rlsdk_grpo``: the recipe's GRPO phase from rlsdk's SFT checkpoint;
 4. ``trl_grpo``: TRL's ``GRPOTrainer`` from the SAME checkpoint: 16 prompts x 8 generations
    (``per_device_train_batch_size=128, num_generations=8``), ``max_completion_length=72``, temperature 1.0,
-   ``learning_rate=5e-4`` constant, ``beta=0``, ``epsilon=0.2``, ``scale_rewards='group'`` (std-scaled, as the
+   ``learning_rate=5e-4`` constant after the recipe's warm-up (``constant_with_warmup``, ``warmup_steps=10``),
+   ``beta=0``, ``epsilon=0.2``, ``scale_rewards='group'`` (std-scaled, as the
    recipe's GRPO), ``loss_type='dapo'`` (token mean over the generation batch), ``num_iterations=1``, the answer
    and format rewards with ``reward_weights=[1.0, 0.1]``.
 
@@ -191,7 +192,8 @@ def worker_trl(system: str, config: Any, model_dir: str, out: Path, args: argpar
             per_device_train_batch_size=config.data.prompts_per_step * config.rollout.group_size,
             num_generations=config.rollout.group_size, num_iterations=1,
             max_completion_length=config.rollout.max_new_tokens, temperature=config.rollout.temperature, top_p=1.0,
-            top_k=0, learning_rate=config.train.lr, lr_scheduler_type="constant", warmup_steps=0, beta=0.0,
+            top_k=0, learning_rate=config.train.lr, lr_scheduler_type="constant_with_warmup",
+            warmup_steps=config.train.warmup_steps, beta=0.0,
             epsilon=0.2, scale_rewards="group", loss_type="dapo", mask_truncated_completions=False,
             reward_weights=[1.0, 0.1], use_vllm=False, **common,
         )  # fmt: skip

@@ -25,7 +25,8 @@ Departures from GRPO as published (Shao et al. 2024), as in recipes/grpo_reverse
 - the loss is a token mean over the batch's completion tokens (DAPO), not a per-sequence mean;
 - no KL penalty and no reference model (``algorithm.kl_coef = 0``), as DAPO and Dr. GRPO;
 - one policy update per batch (on-policy), so the PPO ratio is ~1 and clipping only guards engine/trainer drift;
-- SFT runs a fixed number of steps with a warm-up and cosine schedule computed here (``sft_update(batch, lr=)``).
+- SFT runs a fixed number of steps with a warm-up and cosine schedule computed here (``sft_update(batch, lr=)``);
+  GRPO warms its learning rate up over its first 10 steps (``train.warmup_steps``), then keeps it constant.
 """
 
 from __future__ import annotations
@@ -134,8 +135,9 @@ def config() -> SFTThenGRPOConfig:
     data_dir = Path(DATA_DIR)
     return SFTThenGRPOConfig(
         model=ModelConfig(path=BASE_MODEL),
-        # GRPO: 16 problems x 8 samples per step at temperature 1.0.
-        train=TrainConfig(lr=5e-4, max_steps=150, eval_every=10, micro_batch_size=64),
+        # GRPO: 16 problems x 8 samples per step at temperature 1.0. A fresh AdamW's first steps move every weight
+        # by about lr whatever the gradient's size; the warm-up keeps them from undoing the SFT policy in one step.
+        train=TrainConfig(lr=5e-4, warmup_steps=10, max_steps=150, eval_every=10, micro_batch_size=64),
         rollout=RolloutConfig(group_size=8, max_new_tokens=72, temperature=1.0),
         inference=InferenceConfig(num_threads=1),  # the ranks take a core each (see recipes/grpo_reverse.py)
         data=DataConfig(
