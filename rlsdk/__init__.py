@@ -37,7 +37,7 @@ _PUBLIC = {
     "WeightSyncError": "rlsdk.engine.inference.vllm",
     "CollectiveHangError": "rlsdk.debug.watchdog",
     "SessionClosedError": "rlsdk.session",
-    "RankProcessError": "rlsdk.launch.local",
+    "RankProcessError": "rlsdk.launch.supervised",
     "RankUnresponsiveError": "rlsdk.control.errors",
 }
 
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams
     from rlsdk.engine.inference.vllm import WeightSyncError
     from rlsdk.engine.inference.vllm_server import InferenceServerError
-    from rlsdk.launch.local import RankProcessError
+    from rlsdk.launch.supervised import RankProcessError
     from rlsdk.rewards.apply import RewardError
     from rlsdk.session import Session, SessionClosedError
     from rlsdk.versioning import StaleRolloutError, VersionLedger, WeightMismatchError

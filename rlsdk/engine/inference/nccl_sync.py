@@ -243,7 +243,7 @@ class NcclRankSide:
         if self.rank != 0:
             return None
         if step == "address":
-            from rlsdk.launch.slurm import free_port
+            from rlsdk.procutil import free_port
 
             host = rank_zero_address()
             return {"host": host, "port": free_port()}
