@@ -20,9 +20,9 @@ from typing import Any, Literal, TypeVar
 import torch
 
 from rlsdk.engine.inference.protocol import GenerateResult, SamplingParams, WeightInfo
-from rlsdk.engine.inference.sampling import sample_completions
-from rlsdk.engine.inference.stopping import SpecialTokens, StopCriteria, resolve_special_tokens, token_id_list
 from rlsdk.engine.weights import state_dict_checksum
+from rlsdk.generation.sampling import sample_completions
+from rlsdk.generation.stopping import SpecialTokens, StopCriteria, resolve_special_tokens, token_id_list
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ _DTYPES: dict[str, torch.dtype] = {
 
 def model_token_ids(path: str | Path) -> tuple[int, int]:
     """``(pad_token_id, eos_token_id)`` of a model directory: the pad id and the first EOS id of
-    :func:`~rlsdk.engine.inference.stopping.resolve_special_tokens` (which every engine uses; this pair is for
+    :func:`~rlsdk.generation.stopping.resolve_special_tokens` (which every engine uses; this pair is for
     code that knows one EOS id).
 
     Raises:
@@ -152,7 +152,7 @@ class EmbeddedEngine:
     ) -> EmbeddedEngine:
         """Load a causal LM saved with ``save_pretrained`` at ``path`` (CPU, eval mode).
 
-        The pad and EOS ids are ``special_tokens``, else :func:`~rlsdk.engine.inference.stopping.resolve_special_tokens`
+        The pad and EOS ids are ``special_tokens``, else :func:`~rlsdk.generation.stopping.resolve_special_tokens`
         of ``path`` (every EOS id of ``generation_config.json`` and the tokenizer; pad = EOS when there is no pad).
         ``tokenizer`` (else the directory's, loaded on the first request with stop strings) decodes completions to
         match stop strings. ``num_threads`` (default: the calling thread's
@@ -291,7 +291,7 @@ class EmbeddedEngine:
         return True
 
     async def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> GenerateResult:
-        """Sample one completion per prompt (see :func:`~rlsdk.engine.inference.sampling.sample_completions`).
+        """Sample one completion per prompt (see :func:`~rlsdk.generation.sampling.sample_completions`).
 
         Prompts are processed in chunks of ``max_batch_size``; the result is right-padded to the longest
         completion ``C`` of all chunks. With ``params.seed`` set, the call is reproducible for the same

@@ -30,11 +30,11 @@ from typing import Any
 import torch
 
 from rlsdk.engine.inference.protocol import GenerateResult, SamplingParams, WeightInfo
-from rlsdk.engine.inference.sampling import _validate_params
-from rlsdk.engine.inference.stopping import SpecialTokens, check_stop_strings, resolve_special_tokens
 from rlsdk.engine.inference.vllm_auth import TOKEN_ENV
 from rlsdk.engine.inference.vllm_server import SERVED_MODEL_NAME, InferenceServerError, VLLMServer, http_client
 from rlsdk.engine.inference.weight_transfer import FileWeightTransfer, WeightTransfer, check_worker_results
+from rlsdk.generation.sampling import validate_params
+from rlsdk.generation.stopping import SpecialTokens, check_stop_strings, resolve_special_tokens
 from rlsdk.observe.logging import get_logger
 
 logger = get_logger(__name__)
@@ -418,7 +418,7 @@ class VLLMEngine:
             InferenceServerError: the supervised server exited (exit code and last log lines).
             RuntimeError / TimeoutError / ConnectionError: the server rejected or did not answer a request.
         """
-        _validate_params(params.max_new_tokens, params.temperature, params.top_k, params.top_p)
+        validate_params(params.max_new_tokens, params.temperature, params.top_k, params.top_p)
         check_stop_strings(params.stop)
         prompts = [list(ids) for ids in prompt_ids]
         if not prompts:

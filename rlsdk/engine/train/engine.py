@@ -777,9 +777,9 @@ class TrainEngine:
     ) -> dict[str, Any]:
         """Sample one completion per prompt with the weights this rank trains (``inference.engine='colocated'``).
 
-        :func:`~rlsdk.engine.inference.sampling.sample_completions` on the unwrapped model in eval mode, in
+        :func:`~rlsdk.generation.sampling.sample_completions` on the unwrapped model in eval mode, in
         chunks of ``max_batch_size`` prompts; no collective (each rank samples its own prompts, 'ddp' only).
-        ``params`` are :class:`~rlsdk.engine.inference.protocol.SamplingParams` fields (``stop`` strings are matched
+        ``params`` are :class:`~rlsdk.generation.params.SamplingParams` fields (``stop`` strings are matched
         on text decoded by the model's tokenizer, loaded on first use); ``eos_token_id`` is the id, or every id, that
         ends a completion; ``seed`` seeds this call's
         generator (None: the rank's own generator, seeded once from ``seed`` of the config and the rank).
@@ -790,8 +790,8 @@ class TrainEngine:
             RuntimeError: with ``train.parallelism='fsdp2'`` (its forward all-gathers: every rank would have to
                 run the same number of decode steps).
         """
-        from rlsdk.engine.inference.protocol import SamplingParams
-        from rlsdk.engine.inference.sampling import sample_completions
+        from rlsdk.generation.params import SamplingParams
+        from rlsdk.generation.sampling import sample_completions
 
         if self.fsdp2:
             raise RuntimeError("colocated generation needs train.parallelism='ddp' (got 'fsdp2')")
@@ -843,7 +843,7 @@ class TrainEngine:
     def _stop_criteria(self, eos_token_id: int | list[int], stop: tuple[str, ...]) -> Any:
         """What ends a colocated completion: the EOS ids, and ``stop`` matched on text decoded by the model's
         tokenizer (loaded from ``model.path`` on the first request with stop strings)."""
-        from rlsdk.engine.inference.stopping import StopCriteria
+        from rlsdk.generation.stopping import StopCriteria
 
         if not stop:
             return StopCriteria(eos_token_id)
