@@ -141,7 +141,7 @@ class _FakeTrainEngine:
         self.state_dict = state_dict
         self.version = version
 
-    def _full_state_dict(self, *, keep: bool) -> dict[str, torch.Tensor] | None:
+    def full_state_dict(self, *, keep: bool) -> dict[str, torch.Tensor] | None:
         return dict(self.state_dict) if keep else None
 
 

@@ -280,9 +280,10 @@ class TrainEngine:
         """The model without the DDP wrapper; with 'fsdp2' the sharded model itself (DTensor parameters)."""
         return self.model if self.fsdp2 else self.accelerator.unwrap_model(self.model)
 
-    def _full_state_dict(self, *, keep: bool) -> dict[str, torch.Tensor] | None:
-        """The unsharded state dict where ``keep`` (None elsewhere). Collective with 'fsdp2' (every rank calls
-        it); with 'ddp' local, and ranks that do not keep it do nothing."""
+    def full_state_dict(self, *, keep: bool) -> dict[str, torch.Tensor] | None:
+        """The model's full (unsharded) state dict on the ranks that ``keep`` it, None on the others: what a weight
+        transfer sends and a checksum hashes. A collective with 'fsdp2' (every rank calls it); with 'ddp' local, and
+        ranks that do not keep it do nothing."""
         if self.fsdp2:
             from rlsdk.engine.train.fsdp import full_state_dict
 
@@ -872,7 +873,7 @@ class TrainEngine:
                 "version": self.version,
                 "checksum": state_dict_checksum(adapter_state_dict(self.unwrapped), algorithm),
             }
-        state_dict = self._full_state_dict(keep=with_checksum)
+        state_dict = self.full_state_dict(keep=with_checksum)
         if state_dict is None:
             return {"version": self.version}
         return {"version": self.version, "checksum": state_dict_checksum(state_dict, algorithm)}
@@ -897,7 +898,7 @@ class TrainEngine:
             return (
                 publish_adapter(self.unwrapped, publish_dir, self.version) if is_writer else {"version": self.version}
             )
-        state_dict = self._full_state_dict(keep=is_writer) if self.fsdp2 else None
+        state_dict = self.full_state_dict(keep=is_writer) if self.fsdp2 else None
         if not is_writer:
             return {"version": self.version}
         if state_dict is None:
@@ -942,7 +943,7 @@ class TrainEngine:
 
             if is_writer and rank != 0:
                 raise ValueError(f"fsdp2 checkpoints are written by rank 0, got writer rank {rank}")
-            model_state = self._full_state_dict(keep=is_writer)
+            model_state = self.full_state_dict(keep=is_writer)
             options = StateDictOptions(full_state_dict=True, cpu_offload=True)
             state["optimizer"] = get_optimizer_state_dict(self.model, self.optimizer, options=options)
             state["optimizer_format"] = "fsdp2_full"
