@@ -55,11 +55,10 @@ def single_thread_caller() -> Callable[[], None]:
     Why a Session does this on its event-loop thread while it runs: torch's CPU ops run on GNU OpenMP, which gives
     every thread that runs a multi-threaded op a team of its own, and a team's workers spin-wait on their core
     after every op (libgomp's default spin count: milliseconds). The controller's own tensor work (advantages,
-    masks, indexing of a rollout) is small, but each such op left a worker spinning while the train ranks
-    computed: measured on 2 cores, ~7 ms of a core per training step taken from the ranks. Two teams are worse:
-    once the process holds more OpenMP threads than the machine has cores, libgomp stops spin-waiting (its
-    "throttled" spin count) and every op pays a sleep/wake-up: the embedded engine's generation took 15 ms
-    instead of 6.8 after the controller's first small tensor op (a version mask of 256 elements). With one
+    masks, indexing of a rollout) is small, but each such op left a worker spinning on a core the train ranks
+    needed. Two teams are worse: once the process holds more OpenMP threads than the machine has cores, libgomp
+    stops spin-waiting (its "throttled" spin count) and every op pays a sleep/wake-up, the embedded engine's
+    generation included, from the controller's first small tensor op on (a version mask). With one
     intra-op thread this thread creates no team. OpenMP keeps the count per thread, so the embedded engine's
     thread (``inference.num_threads``, set on that thread) and the ranks (other processes) keep theirs; a thread
     torch starts later begins with the count set last (1).

@@ -106,8 +106,8 @@ def check_before_start(config: Any) -> None:
     """What :meth:`VLLMEngine.start` would refuse, checked before any process of a Session starts.
 
     Only for a server the Session starts on this machine (no ``inference.url``, scheduler 'local') without a CUDA
-    device, where vLLM's CPU attention serves: a head size it does not support fails the server ~30 s after the
-    train ranks started.
+    device, where vLLM's CPU attention serves: a head size it does not support fails the server only once its
+    model is loaded, long after the train ranks started.
 
     Raises:
         ConfigError: naming ``model.path`` (its head size, the sizes allowed and how to build a model that fits).
@@ -221,7 +221,7 @@ class VLLMEngine:
         """
         check_cpu_head_size(model_path)
         # Default: vLLM's reload (oneDNN-packed weights: fastest generation). InPlaceWeightTransfer syncs faster but
-        # its plain F.linear weights generate ~2x slower on CPU (docs/howto/vllm.md, "Measured here").
+        # its plain F.linear weights generate slower on CPU (docs/howto/vllm.md has the measured trade-off).
         transfer = transfer if transfer is not None else FileWeightTransfer()
         special = special_tokens if special_tokens is not None else resolve_special_tokens(model_path)
         lora_args = lora_server_args(lora_rank) if lora_rank > 0 else []
