@@ -61,9 +61,22 @@ async def pump_lines(
             on_line(line)
 
 
+def _check_child_group(pgid: int) -> None:
+    # os.killpg(0, ...) would reach the caller's own group (the notebook's kernel), 1 is init's, and a negative id
+    # (the -1 pid of a launch with no process of its own) is no group: never signal those.
+    if pgid <= 1:
+        raise ValueError(f"pgid={pgid} is not a child's process group: expected the pid (> 1) of a child started in a "
+                         "session of its own")  # fmt: skip
+
+
 def signal_group(pgid: int, sig: int) -> None:
     """Send ``sig`` to process group ``pgid`` (a child of :func:`start_in_own_session`: its pid); a group that is
-    already gone is not an error."""
+    already gone is not an error.
+
+    Raises:
+        ValueError: ``pgid`` <= 1 (the caller's own group, init's, or no group).
+    """
+    _check_child_group(pgid)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
 
@@ -83,7 +96,12 @@ async def stop_group(proc: asyncio.subprocess.Process, grace_s: float, what: str
 
 
 async def wait_group_gone(pgid: int, timeout_s: float = 5.0) -> None:
-    """Wait until no process of group ``pgid`` is left (SIGKILLed members take a moment to be reaped)."""
+    """Wait until no process of group ``pgid`` is left (SIGKILLed members take a moment to be reaped).
+
+    Raises:
+        ValueError: ``pgid`` <= 1, as :func:`signal_group`.
+    """
+    _check_child_group(pgid)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while loop.time() < deadline:

@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from rlsdk.procutil import free_port, pid_alive, reap, signal_group, wait_group_gone
 
 IGNORE_TERM = (
@@ -32,6 +34,15 @@ def test_signal_group_of_a_group_that_is_gone_is_not_an_error() -> None:
     signal_group(proc.pid, signal.SIGTERM)
 
     assert not pid_alive(proc.pid)
+
+
+@pytest.mark.parametrize("pgid", [0, 1, -1])
+def test_signal_group_when_pgid_is_not_a_childs_group_refuses_instead_of_signalling(pgid: int) -> None:
+    # Signal 0 only checks: should the guard ever go, this test fails instead of signalling pytest's own group.
+    with pytest.raises(ValueError, match=f"pgid={pgid} is not a child's process group"):
+        signal_group(pgid, 0)
+    with pytest.raises(ValueError, match=f"pgid={pgid}"):
+        asyncio.run(wait_group_gone(pgid, timeout_s=0.1))
 
 
 def test_pid_alive_when_none_or_a_zombie_is_false() -> None:
