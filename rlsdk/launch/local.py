@@ -12,16 +12,17 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rlsdk.launch.supervised import RankProcessError, SupervisedLauncher
+from rlsdk.launch.supervised import RankProcessError, SupervisedLauncher, root_cause
 from rlsdk.observe.logging import get_logger
 from rlsdk.procutil import free_port, pump_lines, start_in_own_session
 
-# Re-exported: RankProcessError is public as rlsdk.RankProcessError and was first defined here.
+# Re-exported: RankProcessError (public as rlsdk.RankProcessError) and root_cause were first defined here.
 __all__ = [
     "LocalLauncher",
     "RankProcessError",
     "accelerate_command",
     "rank_environment",
+    "root_cause",
     "single_rank_environment",
 ]
 
