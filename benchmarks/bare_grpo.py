@@ -40,8 +40,8 @@ import torch
 
 from rlsdk.algorithms import completion_logprobs, group_advantages, policy_loss
 from rlsdk.data import PromptSampler, build_tiny_policy, reverse_digits_dataset
-from rlsdk.engine.inference.protocol import SamplingParams
-from rlsdk.engine.inference.sampling import left_pad, sample_completions
+from rlsdk.generation.params import SamplingParams
+from rlsdk.generation.sampling import left_pad, sample_completions
 from rlsdk.rewards import reverse_reward
 
 RewardFn = Callable[..., list[float]]

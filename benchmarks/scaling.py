@@ -50,7 +50,7 @@ from rlsdk.config import (
     TrainConfig,
 )
 from rlsdk.data import build_tiny_policy
-from rlsdk.launch.local import RankProcessError
+from rlsdk.launch.supervised import RankProcessError
 from rlsdk.rewards import reverse_reward
 
 # build_tiny_policy shapes; parameters ~ layers x (4 h^2 + 3 h i) + 16 h (tied embeddings).

@@ -98,7 +98,7 @@ def held_out_accuracy(model: Any, tokenizer: Any, rows: list[dict[str, Any]], ma
 
     from rlsdk.data.reasoning import answer_reward
     from rlsdk.engine.inference.protocol import SamplingParams
-    from rlsdk.engine.inference.sampling import sample_completions
+    from rlsdk.generation.sampling import sample_completions
 
     prompts = [tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in rows]
     eos = model.generation_config.eos_token_id

@@ -7,20 +7,16 @@ The loop is rollout -> reward -> update -> sync, one optimizer step per rollout 
 - the loss is a token-level mean over all completion tokens of the batch (as in DAPO), not a per-sequence mean;
 - no KL penalty by default (``algorithm.kl_coef = 0``), as in DAPO and Dr. GRPO;
 - advantages are group-centred rewards NOT divided by the group std (``algorithm.scale_rewards = False``, as in
-  Dr. GRPO, Liu et al. 2025). Measured on this task (seeds 0/1/2, 2 ranks): with std scaling seed 0 plateaued at
-  mean reward ~0.85 for 2000 steps (the policy stopped emitting one digit); without it seeds 0/1/2 reached 0.9 in
-  973/526/748 steps;
-- an entropy bonus (``algorithm.entropy_coef = 0.01``; the GRPO paper has none). Measured with the bare loop
-  (benchmarks/bare_grpo.py's math, 1 process) on seeds 0-4: without it the default model (4 heads of 16) needed
-  hundreds more steps and the vLLM variant (2 heads of 32) missed 0.9 in 600 steps on seeds 0 and 1; with it the
-  default model reached 0.9 in 378/383/498/457/565 steps and the vLLM variant in 417/420/470/353 steps (seed 4
-  missed: 0.70 after 1000). The bonus keeps the policy sampling EOS long enough to discover stopping. This
-  recipe, seed 0: 255 steps with the embedded engine (9.4 s of steps in benchmarks/trl_compare.py's run), 355
-  with ``--inference.engine colocated`` (10.7 s; 231/232 steps, 6.7/7.0 s on seeds 1/2), 238 with
-  ``--inference.engine vllm``;
+  Dr. GRPO, Liu et al. 2025): with std scaling a group whose rewards barely differ gets full-size advantages, and
+  on this task the policy could settle on a near-miss answer;
+- an entropy bonus (``algorithm.entropy_coef = 0.01``; the GRPO paper has none): it keeps the policy sampling EOS
+  long enough to discover stopping;
 - one policy update per batch, so the PPO ratio is ~1 and clipping only guards against engine/trainer drift;
 - training stops early once the moving mean reward reaches ``train.target_reward`` (the library loop,
   ``Session.train``, honours it, as it does ``train.max_steps``, ``checkpoint_every`` and ``eval_every``).
+
+How many steps and seconds each of these choices takes to the target, per seed and engine, is measured by
+``benchmarks/algorithms.py --task reverse`` and ``benchmarks/bare_grpo.py`` (results in ``benchmarks/results/``).
 """
 
 from __future__ import annotations
@@ -55,8 +51,8 @@ def config() -> SessionConfig:
         train=TrainConfig(lr=1e-3, max_steps=2000, target_reward=0.9, micro_batch_size=128),
         algorithm=AlgorithmConfig(scale_rewards=False, entropy_coef=0.01),
         # One thread for the embedded engine: the 2 ranks take a core each while they train, and a second engine
-        # thread's OpenMP worker spin-waits beside them after every generation (2-core machine: ~39 ms a step
-        # with 1 engine thread, 41-45 ms with torch's default 2). More threads pay off for larger models.
+        # thread's OpenMP worker spin-waits beside them after every generation on a 2-core machine. More threads pay
+        # off for larger models.
         inference=InferenceConfig(num_threads=1),
         rollout=RolloutConfig(group_size=16, max_new_tokens=5, temperature=1.0),
         data=DataConfig(prompts_per_step=16, min_digits=3, max_digits=3),

@@ -25,7 +25,7 @@ _PUBLIC = {
     "ConfigError": "rlsdk.config",
     "load_config": "rlsdk.config",
     "Rollout": "rlsdk.workflow.rollout",
-    "SamplingParams": "rlsdk.engine.inference.protocol",
+    "SamplingParams": "rlsdk.generation.params",
     "InferenceEngine": "rlsdk.engine.inference.protocol",
     "RolloutWorkflow": "rlsdk.workflow.single_turn",
     "RankError": "rlsdk.control.controller",
@@ -37,7 +37,7 @@ _PUBLIC = {
     "WeightSyncError": "rlsdk.engine.inference.vllm",
     "CollectiveHangError": "rlsdk.debug.watchdog",
     "SessionClosedError": "rlsdk.session",
-    "RankProcessError": "rlsdk.launch.local",
+    "RankProcessError": "rlsdk.launch.supervised",
     "RankUnresponsiveError": "rlsdk.control.errors",
 }
 
@@ -60,10 +60,11 @@ if TYPE_CHECKING:
     from rlsdk.control.controller import RankError
     from rlsdk.control.errors import RankUnresponsiveError
     from rlsdk.debug.watchdog import CollectiveHangError
-    from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams
+    from rlsdk.engine.inference.protocol import InferenceEngine
     from rlsdk.engine.inference.vllm import WeightSyncError
     from rlsdk.engine.inference.vllm_server import InferenceServerError
-    from rlsdk.launch.local import RankProcessError
+    from rlsdk.generation.params import SamplingParams
+    from rlsdk.launch.supervised import RankProcessError
     from rlsdk.rewards.apply import RewardError
     from rlsdk.session import Session, SessionClosedError
     from rlsdk.versioning import StaleRolloutError, VersionLedger, WeightMismatchError

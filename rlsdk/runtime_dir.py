@@ -14,15 +14,16 @@ created 0700, and an existing one that another user owns, or that is a symbolic 
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import stat
 import tempfile
 from pathlib import Path
 
-from rlsdk.observe.logging import get_logger
-
-logger = get_logger(__name__)
+# The standard library's logger for this module: the one rlsdk.observe.logging.get_logger(__name__) returns (under
+# 'rlsdk'); the project logger writes its files through private_dir/private_file, so it cannot be imported here.
+logger = logging.getLogger(__name__)
 
 PREFIX = "rlsdk-run-"
 # sun_path holds 108 bytes on Linux including the terminating NUL; longer socket paths cannot be bound.

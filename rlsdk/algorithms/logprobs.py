@@ -7,15 +7,17 @@ Shape names: ``B`` = sequences, ``T`` = time, ``V`` = vocabulary, ``P`` = prompt
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from rlsdk.algorithms.chunked_head import head_logprobs
-from rlsdk.observe.logging import get_logger
 
-logger = get_logger(__name__)
+# The standard library's logger for this module: the one rlsdk.observe.logging.get_logger(__name__) returns (under
+# 'rlsdk'), without algorithms depending on anything but torch.
+logger = logging.getLogger(__name__)
 
 # The largest float32 logits tensor ``completion_logprobs`` materialises (bytes). A micro-batch whose ``[B, C, V]``
 # logits fit takes the one-call path (the toy task: 16-token vocabulary); beyond it the LM head runs fused, one
@@ -204,8 +206,8 @@ def completion_logprobs(
 
 def distinct_rows(rows: list[list[int]]) -> tuple[list[int], list[int]]:
     """``(first, inverse)``: the index of each distinct row's first occurrence, in order of appearance, and for
-    every row the position of its distinct row in ``first``. A dict over the rows: for a GRPO batch (128 rows)
-    ~10x faster than ``torch.unique(dim=0)``, which sorts them."""
+    every row the position of its distinct row in ``first``. A dict over the rows: one hash per row, where
+    ``torch.unique(dim=0)`` sorts them."""
     slots: dict[tuple[int, ...], int] = {}
     first: list[int] = []
     inverse: list[int] = []

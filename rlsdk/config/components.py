@@ -301,8 +301,8 @@ class InferenceConfig:
         weight_transfer: vllm only: how a weight sync reaches the server. 'auto' (default): an NCCL broadcast
             from trainer rank 0 when ``launch.gpus_per_node > 0``, else 'reload'. 'reload': the server re-loads
             the published file through vLLM (keeps vLLM's packed CPU weights: fastest generation). 'inplace' (CPU
-            only): the server keeps plain weights and the file is copied straight into them (113M model: sync ~3x
-            faster, generation ~2x slower; see docs/howto/vllm.md).
+            only): the server keeps plain weights and the file is copied straight into them (a faster sync, a
+            slower generation; docs/howto/vllm.md has the measured trade-off).
         lookahead: colocated only: each ``Session.update`` also samples the next batch (the data set's next rows,
             the next rollout's seed) on the ranks with the new weights, in the same rank command, and the next
             ``Session.rollout()`` returns it without a round trip to the ranks. The samples are the same as
@@ -382,10 +382,10 @@ class TrainConfig:
         share_prompt_prefix: Run each distinct prompt of a micro-batch through the model once and reuse its
             key/value cache for every completion of that prompt (a GRPO group's ``rollout.group_size``
             completions share one prompt), for the policy and the reference model. Same logprobs, entropies and
-            gradients to float rounding, fewer token positions through the model (the default task: 1.7x less
-            forward/backward time). False = one forward over prompt + completion per sequence. Models whose
-            forward returns no transformers cache fall back to that, and so does gradient_checkpointing (the
-            checkpointed layers keep no cache).
+            gradients to float rounding, fewer token positions through the model (less forward/backward time
+            the longer the prompt and the larger the group). False = one forward over prompt + completion per
+            sequence. Models whose forward returns no transformers cache fall back to that, and so does
+            gradient_checkpointing (the checkpointed layers keep no cache).
         eval_every: ``Session.train`` runs ``Session.evaluate`` (held-out prompts, greedy) every N steps and
             after its last step, >= 0; 0 = never.
         lr_scheduler: Learning-rate schedule after the warm-up, from transformers' schedule functions (as TRL):

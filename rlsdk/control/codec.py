@@ -118,7 +118,7 @@ def _no_default(value: Any) -> Any:
     raise TypeError(f"{_type_name(value)} reached the JSON encoder")  # the tree walk lets none through
 
 
-# JSONEncoder.encode builds a C encoder per call (~1 us); build it once. Falls back where the C accelerator
+# JSONEncoder.encode builds a C encoder per call, on every message; build it once. Falls back where the C accelerator
 # is missing (then c_make_encoder is None).
 _c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
 _C_JSON_ENCODER = (

@@ -21,7 +21,7 @@ Who can reach the socket, and whom the controller talks to:
 
 The socket is a plain (synchronous) zmq socket watched with ``loop.add_reader`` on its edge-triggered FD, and
 sends use ``DONTWAIT``: the round trip then costs a few Python calls instead of ``zmq.asyncio``'s per-message
-futures (measured: the no-op round trip to 2 ranks drops by a third). All socket use stays on the loop thread,
+futures (benchmarks/session_overhead.py times the no-op round trip). All socket use stays on the loop thread,
 except the heartbeat thread's sends, which take the socket lock.
 """
 

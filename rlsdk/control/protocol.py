@@ -233,7 +233,7 @@ def sign(key: bytes, header: bytes, payload: bytes | Sequence[bytes | memoryview
     else:
         chunks = payload
     if len(chunks) == 1 and len(chunks[0]) <= _ONE_SHOT_BYTES:
-        # hmac.digest is OpenSSL's one-shot path: ~3x faster on the small messages of the hot path.
+        # hmac.digest is OpenSSL's one-shot path: no HMAC object per message, on the small messages of the hot path.
         return hmac.digest(key, b"".join((prefix, header, chunks[0])), "sha256")
     mac = hmac.new(key, prefix, hashlib.sha256)  # large payloads: no concatenation copy
     mac.update(header)

@@ -213,7 +213,7 @@ class PromptSampler:
         self.position = 0
         self._order: list[int] | None = None
         # A small data set of plain scalars (str, int, float, bool, None) is read once into Python lists: a batch is
-        # then a list lookup instead of an Arrow gather (~0.3 ms for 16 rows of the default task), with the same
+        # then a list lookup instead of an Arrow gather (a per-row cost on every step), with the same
         # values; nested values (lists, dicts) would be shared with the caller, so those data sets are not cached.
         self._columns: dict[str, list[Any]] | None = None
         if len(dataset) <= self.CACHE_MAX_ROWS:

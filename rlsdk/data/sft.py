@@ -163,7 +163,7 @@ def collate_sft(examples: Sequence[SFTExample], pad_token_id: int) -> dict[str, 
     """
     import torch
 
-    from rlsdk.engine.inference.sampling import left_pad
+    from rlsdk.generation.sampling import left_pad
 
     if not examples:
         raise ValueError("collate_sft needs at least one example")

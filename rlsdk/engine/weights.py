@@ -9,7 +9,7 @@ Why a non-cryptographic hash: the checksum answers "does the engine serve bit-fo
 published?" (stale, half-loaded or corrupted weights), on the weight-sync critical path of both sides. It is not
 a defence against someone who can write the published file (they could write any weights); the checkpoint
 manifest's per-file SHA-256 and the HMAC-authenticated control channel are (docs/security.md). XXH3-128 hashes
-~33 GB/s on one core here, BLAKE3 ~6 GB/s on two.
+much faster than BLAKE3, on one core (benchmarks/vllm_sync.py measures the three algorithms).
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ import torch
 ChecksumAlgorithm = Literal["xxh3", "blake3", "sha256"]
 
 # The algorithm new checksums use: the checksum sits on the weight-sync critical path on both sides (trainer
-# publish, server verify). XXH3-128 (``xxhash``) is ~5x faster than multithreaded BLAKE3 here and releases the GIL.
+# publish, server verify). XXH3-128 (``xxhash``) is the fastest of the three (benchmarks/vllm_sync.py) and releases
+# the GIL.
 CHECKSUM_ALGORITHM: ChecksumAlgorithm = "xxh3"
 
 # BLAKE3's hashing threads per update() call: its Rust core splits large buffers across up to this many threads.
-# 2 = this machine's cores; more threads gain nothing on 2 cores and contend with the vLLM worker's own threads.
+# Two: BLAKE3 is only the verifier of old checkpoints now, and more hashing threads would contend with the ranks'
+# and the vLLM worker's own threads for the cores.
 BLAKE3_MAX_THREADS = 2
 # Below this many bytes in all, one thread: the thread hand-off costs more than it saves on small state dicts.
 BLAKE3_THREADED_MIN_BYTES = 16 << 20

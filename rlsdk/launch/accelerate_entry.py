@@ -10,8 +10,8 @@ with two differences:
   ``--rdzv_backend rlsdk-file`` meets the ranks of one machine through files instead of a TCP store.
 - Once the ranks have exited and ``launch_command`` returns (or raises: the traceback, with torchelastic's root
   cause summary, is printed as before and the exit code is 1), the process leaves with ``os._exit``. The
-  interpreter's teardown of a process that imported torch (its module finalisation garbage collection) took
-  seconds here, measured after the ranks had already exited, and ``Session.close`` waits for this exit.
+  interpreter's teardown of a process that imported torch (its module finalisation garbage collection) can take
+  seconds after the ranks have already exited, and ``Session.close`` waits for this exit.
 """
 
 from __future__ import annotations

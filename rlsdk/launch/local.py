@@ -8,67 +8,25 @@ controller's heartbeat stops; nothing outlives the Session.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import re
-import signal
 import sys
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from rlsdk.launch.output import pump_lines
+from rlsdk.launch.supervised import RankProcessError, SupervisedLauncher, root_cause
 from rlsdk.observe.logging import get_logger
+from rlsdk.procutil import free_port, pump_lines, start_in_own_session
+
+# Re-exported: RankProcessError (public as rlsdk.RankProcessError) and root_cause were first defined here.
+__all__ = [
+    "LocalLauncher",
+    "RankProcessError",
+    "accelerate_command",
+    "rank_environment",
+    "root_cause",
+    "single_rank_environment",
+]
 
 logger = get_logger(__name__)
-
-
-class RankProcessError(RuntimeError):
-    """The rank processes exited while the Session expected them to run.
-
-    ``returncode`` and ``last_lines`` are the launcher's (``accelerate launch``). When its failure summary names
-    the rank that failed first (torchelastic's "Root Cause" block), ``failed_rank``, ``rank_returncode`` (negative:
-    killed by that signal) and ``rank_pid`` say which, and ``rank_log_lines`` holds that rank's last log lines.
-    """
-
-    def __init__(
-        self, returncode: int | None, last_lines: Iterable[str], *, rank_log_lines: Iterable[str] = ()
-    ) -> None:
-        self.returncode = returncode
-        self.last_lines = list(last_lines)
-        self.rank_log_lines = list(rank_log_lines)
-        self.failed_rank, self.rank_returncode, self.rank_pid = root_cause(self.last_lines)
-        tail = "\n".join(self.last_lines[-20:]) or "(no output)"
-        text = f"train ranks (accelerate launch) exited: {_how(returncode)}."
-        if self.failed_rank is not None:
-            text = (
-                f"train rank {self.failed_rank} (pid {self.rank_pid}) {_how(self.rank_returncode)}; accelerate "
-                f"launch stopped the other ranks and exited: {_how(returncode)}."
-            )
-            if self.rank_log_lines:
-                text += f"\nLast log lines of rank {self.failed_rank}:\n" + "\n".join(self.rank_log_lines[-20:])
-        super().__init__(f"{text}\nLast output lines:\n{tail}")
-
-
-def _how(returncode: int | None) -> str:
-    if returncode is not None and returncode < 0:
-        with contextlib.suppress(ValueError):
-            return f"killed by signal {signal.Signals(-returncode).name}"
-        return f"killed by signal {-returncode}"
-    return f"exit code {returncode}"
-
-
-_ROOT_CAUSE = re.compile(
-    r"Root Cause.*?rank\s*:\s*(?P<rank>\d+).*?exitcode\s*:\s*(?P<code>-?\d+)\s*\(pid:\s*(?P<pid>\d+)\)", re.S
-)
-
-
-def root_cause(lines: Sequence[str]) -> tuple[int | None, int | None, int | None]:
-    """``(rank, exit code, pid)`` of the first failed rank in torchelastic's failure summary; Nones if absent."""
-    match = _ROOT_CAUSE.search("\n".join(lines))
-    if match is None:
-        return None, None, None
-    return int(match["rank"]), int(match["code"]), int(match["pid"])
 
 
 def accelerate_command(num_ranks: int, module: str = "rlsdk.worker", *, file_rendezvous: bool = False) -> list[str]:
@@ -107,15 +65,13 @@ def accelerate_command(num_ranks: int, module: str = "rlsdk.worker", *, file_ren
     ]  # fmt: skip
 
 
-class LocalLauncher:
+class LocalLauncher(SupervisedLauncher):
     """One ``accelerate launch`` process group running ``num_ranks`` ranks of ``rlsdk.worker``."""
 
     def __init__(self, proc: asyncio.subprocess.Process, on_line: Callable[[str], None] | None) -> None:
-        self.proc = proc
-        self.last_lines: deque[str] = deque(maxlen=200)
-        self._on_line = on_line
-        self._reader = asyncio.get_running_loop().create_task(self._read_output())
-        self.rank_pids: list[int] = []
+        super().__init__(proc, on_line)
+        assert proc.stdout is not None
+        self._read_output(pump_lines(proc.stdout, self.last_lines, on_line))
 
     @classmethod
     async def start(
@@ -135,37 +91,9 @@ class LocalLauncher:
         cmd = accelerate_command(num_ranks, module, file_rendezvous=bool(env.get(RLSDK_RENDEZVOUS_DIR)))
         logger.debug("launching: %s", " ".join(cmd))
         env = {**env, **single_rank_environment()} if num_ranks == 1 else dict(env)
-        proc = await asyncio.create_subprocess_exec(
-            *cmd,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
-            env=env,
-        )
+        proc = await start_in_own_session(cmd, env)
         logger.info("started %d train ranks (launcher pid %d)", num_ranks, proc.pid)
         return cls(proc, on_line)
-
-    async def _read_output(self) -> None:
-        assert self.proc.stdout is not None
-        await pump_lines(self.proc.stdout, self.last_lines, self._on_line)
-
-    @property
-    def returncode(self) -> int | None:
-        return self.proc.returncode
-
-    async def wait(self) -> int:
-        """Wait for the launcher to exit (output drained); returns its exit code."""
-        code = await self.proc.wait()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(asyncio.shield(self._reader), timeout=2.0)
-        return code
-
-    def error(self, rank_log_lines: Callable[[int], Iterable[str]] | None = None) -> RankProcessError:
-        """The launcher's exit as an error; ``rank_log_lines(rank)`` adds the failed rank's last log lines."""
-        failed, _, _ = root_cause(list(self.last_lines))
-        lines = rank_log_lines(failed) if rank_log_lines is not None and failed is not None else ()
-        return RankProcessError(self.proc.returncode, self.last_lines, rank_log_lines=lines)
 
     async def stop(self, grace_s: float = 10.0) -> int | None:
         """SIGTERM the launcher's process group (torchrun then stops its ranks), SIGKILL after ``grace_s``.
@@ -173,65 +101,14 @@ class LocalLauncher:
         Ranks run in their own sessions (torchrun starts them so), so any rank pid still alive afterwards is
         killed directly. Idempotent.
         """
-        if self.proc.returncode is None:
-            _signal_group(self.proc.pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.proc.wait(), timeout=grace_s)
-            except TimeoutError:
-                logger.warning("launcher did not stop within %.0f s; killing it", grace_s)
-                _signal_group(self.proc.pid, signal.SIGKILL)
-                await self.proc.wait()
-        await _reap_ranks(self.rank_pids, grace_s=min(grace_s, 5.0))
-        if not self._reader.done():
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
+        await self._stop_process(grace_s, "launcher", reader_grace_s=0.0)
         return self.proc.returncode
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(os.getpgid(pid), sig)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        import psutil
-
-        proc = psutil.Process(pid)
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except Exception:
-        return False
-
-
-async def _reap_ranks(pids: list[int], grace_s: float) -> None:
-    alive = [pid for pid in pids if _alive(pid)]
-    if not alive:
-        return
-    for pid in alive:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + grace_s
-    while alive and loop.time() < deadline:
-        await asyncio.sleep(0.1)
-        alive = [pid for pid in alive if _alive(pid)]
-    for pid in alive:
-        logger.warning("rank process %d ignored SIGTERM; killing it", pid)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def single_rank_environment() -> dict[str, str]:
     """The torchrun variables of a one-rank group (``accelerate launch --cpu`` sets none): rank 0 of 1, its
     store on a free loopback port."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port("127.0.0.1")
     return {
         "RANK": "0",
         "LOCAL_RANK": "0",

@@ -24,13 +24,14 @@ import asyncio
 import contextlib
 import sys
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from rlsdk.launch.local import RankProcessError
-from rlsdk.launch.slurm import MAIN_IP_VAR, SlurmJobSpec, free_port, launcher_error, node_command
+from rlsdk.launch.slurm import MAIN_IP_VAR, SlurmJobSpec, node_command
+from rlsdk.launch.supervised import LAST_LINES, SupervisedLauncher
 from rlsdk.launch.topology import Topology
 from rlsdk.observe.logging import get_logger
+from rlsdk.procutil import free_port, signal_group
 
 if TYPE_CHECKING:
     from rlsdk.config import LaunchConfig
@@ -80,7 +81,7 @@ class _RayJob:
         return 1 if code is None else code
 
 
-class RayLauncher:
+class RayLauncher(SupervisedLauncher):
     """The ranks as Ray actors, one per placement-group bundle; the interface of LocalLauncher."""
 
     def __init__(
@@ -93,15 +94,13 @@ class RayLauncher:
         local_ranks: bool,
         owns_connection: bool = False,
     ) -> None:
+        # The job's output: each node launch's last lines, emitted as it returns (_run).
+        job = _RayJob(asyncio.get_running_loop().create_task(self._run(pending)))
+        super().__init__(job, on_line, local_ranks=local_ranks)
         self.actors = actors
         self.actor_pids: list[int] = []  # the node launchers' worker processes (filled by start())
         self._owns_connection = owns_connection
         self.placement_group = placement_group
-        self.last_lines: deque[str] = deque(maxlen=200)
-        self._rank_pids: list[int] = []
-        self._local_ranks = local_ranks
-        self._on_line = on_line
-        self.proc = _RayJob(asyncio.get_running_loop().create_task(self._run(pending)))
 
     @classmethod
     async def start(
@@ -158,7 +157,7 @@ class RayLauncher:
             if owns_connection:
                 ray.shutdown()
             raise
-        launcher._emit(f"ray: {len(actors)} node launchers ({strategy}), rendezvous {main_ip}:{port}")
+        launcher.emit(f"ray: {len(actors)} node launchers ({strategy}), rendezvous {main_ip}:{port}")
         return launcher
 
     async def _run(self, pending: list[Any]) -> int:
@@ -166,34 +165,9 @@ class RayLauncher:
         for ref in pending:
             code, tail = await ref
             for line in tail:
-                self._emit(line)
+                self.emit(line)
             worst = worst or code
         return worst
-
-    def _emit(self, line: str) -> None:
-        self.last_lines.append(line)
-        if self._on_line is not None:
-            self._on_line(line)
-
-    @property
-    def rank_pids(self) -> list[int]:
-        """The ranks' pids when every node is this machine; [] on a cluster (other machines' pids: never signal)."""
-        return list(self._rank_pids) if self._local_ranks else []
-
-    @rank_pids.setter
-    def rank_pids(self, pids: list[int]) -> None:
-        self._rank_pids = list(pids)
-
-    @property
-    def returncode(self) -> int | None:
-        return self.proc.returncode
-
-    async def wait(self) -> int:
-        return await self.proc.wait()
-
-    def error(self, rank_log_lines: Callable[[int], Iterable[str]] | None = None) -> RankProcessError:
-        """The job's exit as an error; ``rank_log_lines(rank)`` adds the failed rank's last log lines."""
-        return launcher_error(self.proc.returncode, self.last_lines, rank_log_lines)
 
     async def stop(self, grace_s: float = 10.0) -> int | None:
         """Kill the node launchers (their ranks die with them, PR_SET_PDEATHSIG), free the placement group and,
@@ -242,21 +216,20 @@ class _NodeLauncher:
         self._proc = subprocess.Popen(
             wrapped, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
         )
-        tail: deque[str] = deque(maxlen=200)
+        tail: deque[str] = deque(maxlen=LAST_LINES)
         assert self._proc.stdout is not None
         for raw in self._proc.stdout:
             tail.append(raw.decode(errors="replace").rstrip())
         return self._proc.wait(), list(tail)
 
     def terminate(self, grace_s: float) -> None:
-        import os
         import signal
         import subprocess
 
         if self._proc is None or self._proc.poll() is not None:
             return
-        os.killpg(self._proc.pid, signal.SIGTERM)
+        signal_group(self._proc.pid, signal.SIGTERM)
         try:
             self._proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
-            os.killpg(self._proc.pid, signal.SIGKILL)
+            signal_group(self._proc.pid, signal.SIGKILL)

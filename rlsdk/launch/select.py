@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rlsdk.config.errors import ConfigError
-from rlsdk.launch.local import LocalLauncher, RankProcessError
+from rlsdk.launch.local import LocalLauncher
+from rlsdk.launch.supervised import RankProcessError
 
 if TYPE_CHECKING:
     from rlsdk.config import LaunchConfig, SessionConfig

@@ -37,19 +37,17 @@ import json
 import secrets
 import shlex
 import shutil
-import signal
-import socket
 import sys
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlsdk.launch.local import RankProcessError, _reap_ranks, _signal_group
+from rlsdk.launch.supervised import SupervisedLauncher
 from rlsdk.launch.topology import Topology
 from rlsdk.observe.logging import get_logger
+from rlsdk.procutil import free_port, start_in_own_session
 
 if TYPE_CHECKING:
     from rlsdk.config import LaunchConfig, SessionConfig
@@ -294,23 +292,6 @@ def sbatch_script(spec: SlurmJobSpec) -> str:
     return "\n".join(lines)
 
 
-def free_port(host: str = "") -> int:
-    """A TCP port free on this machine now (best effort on the nodes: the job binds it moments later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def launcher_error(
-    returncode: int | None, last_lines: Iterable[str], rank_log_lines: Callable[[int], Iterable[str]] | None
-) -> RankProcessError:
-    """A :class:`RankProcessError` for a cluster launcher, with the failed rank's log lines when named."""
-    error = RankProcessError(returncode, last_lines)
-    if rank_log_lines is None or error.failed_rank is None:
-        return error
-    return RankProcessError(returncode, last_lines, rank_log_lines=rank_log_lines(error.failed_rank))
-
-
 def parse_job_id(line: str) -> str:
     """The job id from ``sbatch --parsable`` output (``ID`` or ``ID;CLUSTER``)."""
     job_id = line.strip().split(";")[0]
@@ -319,7 +300,7 @@ def parse_job_id(line: str) -> str:
     return job_id
 
 
-class SlurmLauncher:
+class SlurmLauncher(SupervisedLauncher):
     """The ranks as one Slurm job; the same interface as :class:`~rlsdk.launch.local.LocalLauncher`.
 
     ``proc`` is the ``sbatch --wait`` process: it exits when the job ends. ``stop`` cancels the job (``scancel``)
@@ -335,15 +316,11 @@ class SlurmLauncher:
         *,
         local_ranks: bool,
     ) -> None:
-        self.proc = proc
+        super().__init__(proc, on_line, local_ranks=local_ranks)
         self.output_path = output_path
         self.job_id: str | None = None
-        self.last_lines: deque[str] = deque(maxlen=200)
-        self._rank_pids: list[int] = []
-        self._on_line = on_line
-        self._local_ranks = local_ranks
         self._job_known = asyncio.Event()
-        self._reader = asyncio.get_running_loop().create_task(self._read_output())
+        self._read_output(self._read_job_output())
         self.vllm: VllmReplicaSpec | None = None  # the job's vLLM replicas (set by start())
 
     @classmethod
@@ -387,15 +364,7 @@ class SlurmLauncher:
             from rlsdk.engine.inference.vllm_auth import TOKEN_ENV
 
             job_env[TOKEN_ENV] = vllm.token  # the replicas' token: inherited through --export=ALL, never written
-        proc = await asyncio.create_subprocess_exec(
-            *cmd,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
-            env=job_env,
-            cwd=str(job_dir),
-        )
+        proc = await start_in_own_session(cmd, job_env, cwd=str(job_dir))
         launcher = cls(proc, output_path, on_line, local_ranks=launch.simulate_nodes_on_loopback)
         launcher.vllm = vllm
         with contextlib.suppress(TimeoutError):
@@ -419,7 +388,7 @@ class SlurmLauncher:
 
         Polls the endpoint file the replica's wrapper writes (:mod:`rlsdk.launch.vllm_replica`). Raises
         RuntimeError (with the job's last lines) when the wrapper reports that its server failed to start,
-        :class:`RankProcessError` when the job ends first, ``TimeoutError`` after
+        :class:`~rlsdk.launch.supervised.RankProcessError` when the job ends first, ``TimeoutError`` after
         ``timeout_s`` (which must cover the job's wait in the queue and the server's start-up), ValueError when
         this job starts no such replica.
         """
@@ -453,7 +422,7 @@ class SlurmLauncher:
                 )
             await asyncio.sleep(0.2)
 
-    async def _read_output(self) -> None:
+    async def _read_job_output(self) -> None:
         """sbatch's own output (the job id first), then the job's output file until sbatch exits."""
         assert self.proc.stdout is not None
         first = await self.proc.stdout.readline()
@@ -462,7 +431,7 @@ class SlurmLauncher:
                 self.job_id = parse_job_id(first.decode(errors="replace"))
                 logger.info("slurm job %s submitted", self.job_id)
             except RuntimeError as exc:
-                self._emit(str(exc))
+                self.emit(str(exc))
         self._job_known.set()
         drain = asyncio.get_running_loop().create_task(self._drain_sbatch())
         path = Path(str(self.output_path).replace("%j", self.job_id or "unknown"))
@@ -476,48 +445,19 @@ class SlurmLauncher:
                 offset += len(chunk)
                 *complete, partial = (partial + chunk).split(b"\n")
                 for raw in complete:
-                    self._emit(raw.decode(errors="replace").rstrip())
+                    self.emit(raw.decode(errors="replace").rstrip())
             if done:
                 break
             await asyncio.sleep(0.2)
         if partial:
-            self._emit(partial.decode(errors="replace").rstrip())
+            self.emit(partial.decode(errors="replace").rstrip())
         await drain
 
     async def _drain_sbatch(self) -> None:
         assert self.proc.stdout is not None
         while raw := await self.proc.stdout.readline():
-            self._emit(raw.decode(errors="replace").rstrip())
+            self.emit(raw.decode(errors="replace").rstrip())
         await self.proc.wait()
-
-    def _emit(self, line: str) -> None:
-        self.last_lines.append(line)
-        if self._on_line is not None:
-            self._on_line(line)
-
-    @property
-    def rank_pids(self) -> list[int]:
-        """The ranks' pids when every node is this machine; [] on a cluster (other machines' pids: never signal)."""
-        return list(self._rank_pids) if self._local_ranks else []
-
-    @rank_pids.setter
-    def rank_pids(self, pids: list[int]) -> None:
-        self._rank_pids = list(pids)
-
-    @property
-    def returncode(self) -> int | None:
-        return self.proc.returncode
-
-    async def wait(self) -> int:
-        """Wait for the job (the ``sbatch --wait`` process) to end, output drained; returns its exit code."""
-        code = await self.proc.wait()
-        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._reader), timeout=2.0)
-        return code
-
-    def error(self, rank_log_lines: Callable[[int], Iterable[str]] | None = None) -> RankProcessError:
-        """The job's exit as an error; ``rank_log_lines(rank)`` adds the failed rank's last log lines."""
-        return launcher_error(self.proc.returncode, self.last_lines, rank_log_lines)
 
     async def stop(self, grace_s: float = 10.0) -> int | None:
         """``scancel`` the job, then end the sbatch process (SIGTERM, SIGKILL after ``grace_s``). Idempotent."""
@@ -525,18 +465,8 @@ class SlurmLauncher:
             await _scancel(self.job_id)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self.proc.wait()), timeout=grace_s)
-        if self.proc.returncode is None:
-            _signal_group(self.proc.pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.proc.wait(), timeout=grace_s)
-            except TimeoutError:
-                logger.warning("sbatch did not stop within %.0f s; killing it", grace_s)
-                _signal_group(self.proc.pid, signal.SIGKILL)
-                await self.proc.wait()
-        await _reap_ranks(self.rank_pids, grace_s=min(grace_s, 5.0))
-        if not self._reader.done():
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError, Exception):
-                await asyncio.wait_for(self._reader, timeout=2.0)
+        # The reader gets up to 2 s to read the job's last lines from its output file.
+        await self._stop_process(grace_s, "sbatch", reader_grace_s=2.0)
         return self.proc.returncode
 
 

@@ -15,7 +15,8 @@ exit code; SIGTERM and SIGINT are passed on to the server. A server that exits o
 wrapper exits non-zero (the server's last lines are in the job's output).
 
 The endpoint file lives under the run's output directory, which the compute nodes must share with the controller
-(as they share the Python environment). Standard library only: it runs before anything heavy is imported.
+(as they share the Python environment). The standard library and light rlsdk modules only (no torch, no vLLM): it
+runs before anything heavy is imported.
 """
 
 from __future__ import annotations
@@ -32,13 +33,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-
-def _free_port(host: str) -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+from rlsdk.procutil import free_port
 
 
 def _healthy(url: str) -> bool:
@@ -74,7 +69,7 @@ def main(argv: list[str]) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no server command after --")
-    port = _free_port(args.host)
+    port = free_port(args.host)
     url = f"http://{args.host}:{port}"
     log = f"rlsdk vllm replica {args.replica}"
     _say(f"{log}: starting the server at {url}")

@@ -10,6 +10,8 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from rlsdk.procutil import pid_alive
+
 # Metrics the dashboard plots, as (title, how to read one merged step). Step time is the wall time of the step's
 # three timed calls (rollout, update, sync); the reward/loss/KL/clip fraction are the update's token means.
 PLOTTED_METRICS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -35,17 +37,6 @@ def in_jupyter() -> bool:
         return False
     shell = get_ipython()
     return shell is not None and getattr(shell, "kernel", None) is not None
-
-
-def pid_alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        import psutil
-
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except Exception:  # NoSuchProcess, AccessDenied: not ours to watch
-        return False
 
 
 def rank_alive(pid: int | None, heartbeat_age_s: float | None, heartbeat_timeout_s: float) -> bool:

@@ -18,9 +18,8 @@ def reverse_reward(completions: list[str], answer: list[str], **_: Any) -> list[
 
     Why partial credit: from random initialisation an exact 3-digit answer has probability ~1e-4 per sample
     (16-token vocabulary), so exact-match-only rewards give almost every GRPO group zero variance and no
-    signal: measured with ``benchmarks/bare_grpo.py`` (16 prompts x 16 samples, max 5 new tokens, lr 1e-3),
-    exact match alone never learned in 1500 steps (seed 0), while this partial credit reached a 10-step mean
-    reward of 0.9 in 803 / 963 / 1427 steps for seeds 0 / 1 / 2 (see that script's docstring).
+    signal; partial credit gives every group a gradient from the first step (``benchmarks/bare_grpo.py``
+    compares the two).
 
     Args:
         completions: decoded completions, one per sample.

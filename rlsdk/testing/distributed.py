@@ -11,16 +11,11 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
-import socket
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from rlsdk.procutil import free_port
 
 
 def _entry(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: tuple, queue: Any) -> None:
@@ -54,7 +49,7 @@ def run_gloo_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_
     """Call ``fn(rank, world_size, *args)`` on ``world_size`` processes; returns results by rank."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = free_port()
+    port = free_port("127.0.0.1")
     procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, args, queue)) for r in range(world_size)]
     for proc in procs:
         proc.start()

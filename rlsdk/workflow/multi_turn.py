@@ -22,7 +22,7 @@ from typing import Any, Literal
 import torch
 
 from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams
-from rlsdk.engine.inference.sampling import left_pad
+from rlsdk.generation.sampling import left_pad
 from rlsdk.workflow.rollout import Rollout
 
 logger = logging.getLogger(__name__)

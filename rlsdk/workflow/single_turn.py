@@ -9,8 +9,8 @@ from typing import Any, Protocol
 import torch
 
 from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams
-from rlsdk.engine.inference.sampling import left_pad
-from rlsdk.engine.inference.stopping import cut_at_stop
+from rlsdk.generation.sampling import left_pad
+from rlsdk.generation.stopping import cut_at_stop
 from rlsdk.workflow.rollout import Rollout
 
 
@@ -30,7 +30,7 @@ class SingleTurnWorkflow:
     """Tokenise each prompt, sample ``group_size`` completions from the engine, decode them.
 
     A completion's text is cut before the first of ``params.stop`` it holds (vLLM's semantics, see
-    :mod:`rlsdk.engine.inference.stopping`); its tokens stay as generated. ``info["finish_reasons"]`` says per
+    :mod:`rlsdk.generation.stopping`); its tokens stay as generated. ``info["finish_reasons"]`` says per
     sample why it ended: ``"eos"`` (its last token is one of ``eos_token_ids``, default: the tokenizer's EOS),
     ``"stop"`` (a stop string) or ``"length"`` (``max_new_tokens`` reached).
     """

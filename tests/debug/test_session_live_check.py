@@ -16,7 +16,7 @@ import pytest
 
 from rlsdk import Session, SessionConfig
 from rlsdk.debug.watchdog import CollectiveHangError
-from rlsdk.launch.local import RankProcessError
+from rlsdk.launch.supervised import RankProcessError
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -56,7 +56,7 @@ def _run_engine(rank: int, world_size: int, parallelism: str, model_dir: str, ba
     exported = engine.export_weights(str(Path(out) / parallelism / "publish"), is_writer=rank == 0)
     info = engine.weight_info(with_checksum=rank == 0)
     files = engine.save_checkpoint(str(Path(out) / parallelism / "ckpt"), is_writer=rank == 0)
-    full = engine._full_state_dict(keep=True)
+    full = engine.full_state_dict(keep=True)
     assert full is not None
     return {
         "initial": initial,

@@ -11,7 +11,7 @@ import torch
 from rlsdk.algorithms import completion_logprobs
 from rlsdk.data import build_tiny_policy
 from rlsdk.engine.inference.protocol import SamplingParams
-from rlsdk.engine.inference.sampling import _draw, left_pad, sample_completions
+from rlsdk.generation.sampling import _draw, left_pad, sample_completions
 
 
 @pytest.fixture(scope="module")

@@ -159,7 +159,7 @@ def test_nccl_sender_broadcast_to_a_second_gpu_arrives_bit_identical() -> None:
     import torch.multiprocessing as mp
 
     from rlsdk.engine.inference.nccl_sync import NcclWeightSender
-    from rlsdk.launch.slurm import free_port
+    from rlsdk.procutil import free_port
 
     torch.cuda.set_device(0)
     state_dict = {name: tensor.to("cuda:0") for name, tensor in _state_dict().items()}
@@ -183,7 +183,7 @@ def test_nccl_sender_whose_peer_never_receives_raises_timeout_instead_of_hanging
     import torch.multiprocessing as mp
 
     from rlsdk.engine.inference.nccl_sync import NcclWeightSender
-    from rlsdk.launch.slurm import free_port
+    from rlsdk.procutil import free_port
 
     torch.cuda.set_device(0)
     big = {"w": torch.zeros(64 * 1024 * 1024, device="cuda:0")}

@@ -116,10 +116,12 @@ def test_session_build_engine_with_a_slurm_vllm_replica_attaches_to_the_endpoint
 
     async def attach(cls: Any, url: str, model_path: str, **kwargs: Any) -> str:
         seen["url"] = url
+        seen["token"] = kwargs.get("token")
         return "engine"
 
     class FakeSlurmLauncher:
         vllm_replicas = 1
+        vllm_token = "the-jobs-replica-token"
 
         async def wait_for_endpoint(self, replica: int, *, timeout_s: float) -> str:
             seen["replica"] = replica
@@ -131,7 +133,7 @@ def test_session_build_engine_with_a_slurm_vllm_replica_attaches_to_the_endpoint
 
     asyncio.run(session._build_engine())
 
-    assert seen == {"replica": 0, "url": "http://node-3:41234"}
+    assert seen == {"replica": 0, "url": "http://node-3:41234", "token": "the-jobs-replica-token"}
 
 
 class _FakeTrainEngine:
@@ -139,7 +141,7 @@ class _FakeTrainEngine:
         self.state_dict = state_dict
         self.version = version
 
-    def _full_state_dict(self, *, keep: bool) -> dict[str, torch.Tensor] | None:
+    def full_state_dict(self, *, keep: bool) -> dict[str, torch.Tensor] | None:
         return dict(self.state_dict) if keep else None
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from rlsdk import RankError, Session, SessionClosedError, SessionConfig
 from rlsdk.control.errors import RankUnresponsiveError
-from rlsdk.launch.local import RankProcessError
+from rlsdk.launch.supervised import RankProcessError
 from rlsdk.rewards import reverse_reward
 
 pytestmark = pytest.mark.distributed

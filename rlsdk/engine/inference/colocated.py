@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from rlsdk.engine.inference.protocol import GenerateResult, SamplingParams, WeightInfo
-from rlsdk.engine.inference.sampling import _validate_params
-from rlsdk.engine.inference.stopping import check_stop_strings, token_id_list
+from rlsdk.generation.sampling import validate_params
+from rlsdk.generation.stopping import check_stop_strings, token_id_list
 from rlsdk.observe.logging import get_logger
 
 logger = get_logger(__name__)
@@ -155,7 +155,7 @@ class ColocatedEngine:
         empty = [i for i, ids in enumerate(prompts) if not ids]
         if empty:
             raise ValueError(f"prompt {empty[0]} is empty: every prompt needs at least one token")
-        _validate_params(params.max_new_tokens, params.temperature, params.top_k, params.top_p)
+        validate_params(params.max_new_tokens, params.temperature, params.top_k, params.top_p)
         check_stop_strings(params.stop)
         return prompts
 

@@ -20,9 +20,9 @@ from typing import Any, Literal, TypeVar
 import torch
 
 from rlsdk.engine.inference.protocol import GenerateResult, SamplingParams, WeightInfo
-from rlsdk.engine.inference.sampling import sample_completions
-from rlsdk.engine.inference.stopping import SpecialTokens, StopCriteria, resolve_special_tokens, token_id_list
 from rlsdk.engine.weights import state_dict_checksum
+from rlsdk.generation.sampling import sample_completions
+from rlsdk.generation.stopping import SpecialTokens, StopCriteria, resolve_special_tokens, token_id_list
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ _DTYPES: dict[str, torch.dtype] = {
 
 def model_token_ids(path: str | Path) -> tuple[int, int]:
     """``(pad_token_id, eos_token_id)`` of a model directory: the pad id and the first EOS id of
-    :func:`~rlsdk.engine.inference.stopping.resolve_special_tokens` (which every engine uses; this pair is for
+    :func:`~rlsdk.generation.stopping.resolve_special_tokens` (which every engine uses; this pair is for
     code that knows one EOS id).
 
     Raises:
@@ -55,11 +55,10 @@ def single_thread_caller() -> Callable[[], None]:
     Why a Session does this on its event-loop thread while it runs: torch's CPU ops run on GNU OpenMP, which gives
     every thread that runs a multi-threaded op a team of its own, and a team's workers spin-wait on their core
     after every op (libgomp's default spin count: milliseconds). The controller's own tensor work (advantages,
-    masks, indexing of a rollout) is small, but each such op left a worker spinning while the train ranks
-    computed: measured on 2 cores, ~7 ms of a core per training step taken from the ranks. Two teams are worse:
-    once the process holds more OpenMP threads than the machine has cores, libgomp stops spin-waiting (its
-    "throttled" spin count) and every op pays a sleep/wake-up: the embedded engine's generation took 15 ms
-    instead of 6.8 after the controller's first small tensor op (a version mask of 256 elements). With one
+    masks, indexing of a rollout) is small, but each such op left a worker spinning on a core the train ranks
+    needed. Two teams are worse: once the process holds more OpenMP threads than the machine has cores, libgomp
+    stops spin-waiting (its "throttled" spin count) and every op pays a sleep/wake-up, the embedded engine's
+    generation included, from the controller's first small tensor op on (a version mask). With one
     intra-op thread this thread creates no team. OpenMP keeps the count per thread, so the embedded engine's
     thread (``inference.num_threads``, set on that thread) and the ranks (other processes) keep theirs; a thread
     torch starts later begins with the count set last (1).
@@ -152,7 +151,7 @@ class EmbeddedEngine:
     ) -> EmbeddedEngine:
         """Load a causal LM saved with ``save_pretrained`` at ``path`` (CPU, eval mode).
 
-        The pad and EOS ids are ``special_tokens``, else :func:`~rlsdk.engine.inference.stopping.resolve_special_tokens`
+        The pad and EOS ids are ``special_tokens``, else :func:`~rlsdk.generation.stopping.resolve_special_tokens`
         of ``path`` (every EOS id of ``generation_config.json`` and the tokenizer; pad = EOS when there is no pad).
         ``tokenizer`` (else the directory's, loaded on the first request with stop strings) decodes completions to
         match stop strings. ``num_threads`` (default: the calling thread's
@@ -291,7 +290,7 @@ class EmbeddedEngine:
         return True
 
     async def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> GenerateResult:
-        """Sample one completion per prompt (see :func:`~rlsdk.engine.inference.sampling.sample_completions`).
+        """Sample one completion per prompt (see :func:`~rlsdk.generation.sampling.sample_completions`).
 
         Prompts are processed in chunks of ``max_batch_size``; the result is right-padded to the longest
         completion ``C`` of all chunks. With ``params.seed`` set, the call is reproducible for the same

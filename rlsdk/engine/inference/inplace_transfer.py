@@ -6,7 +6,7 @@
 into its existing parameters through the model's own ``load_weights``
 (:meth:`~rlsdk.engine.inference.vllm_worker.WeightSyncExtension.rlsdk_update_weights_inplace`) instead of running
 vLLM's ``reload_weights``, which on CPU re-runs ``process_weights_after_loading`` and repacks every linear weight
-into oneDNN/SGL form (the cost that bounded the file path near 1 GB/s).
+into oneDNN/SGL form (the cost that bounds the file path's throughput; benchmarks/vllm_sync.py measures both).
 
 That needs a server whose linear layers keep plain weights: :meth:`InPlaceWeightTransfer.server_args` selects the
 worker extension :class:`~rlsdk.engine.inference.vllm_plain_worker.PlainWeightSyncExtension`, whose import patches
@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from rlsdk.engine.inference.weight_transfer import CollectiveRpc, check_worker_results
+from rlsdk.engine.inference.worker_results import CollectiveRpc, check_worker_results
 from rlsdk.observe.logging import get_logger
 
 logger = get_logger(__name__)

@@ -232,8 +232,8 @@ class NcclRankSide:
     def handle(self, engine: Any, body: Mapping[str, Any]) -> dict[str, Any] | None:
         step = body.get("step")
         if step == "layout":
-            # Every rank: with 'fsdp2' the gather is a collective. TrainEngine has no public gather yet.
-            state_dict = engine._full_state_dict(keep=self.rank == 0)
+            # Every rank: with 'fsdp2' the gather is a collective.
+            state_dict = engine.full_state_dict(keep=self.rank == 0)
             if self.rank != 0:
                 return None
             self._pending = (int(engine.version), cuda_state_dict(state_dict))
@@ -243,7 +243,7 @@ class NcclRankSide:
         if self.rank != 0:
             return None
         if step == "address":
-            from rlsdk.launch.slurm import free_port
+            from rlsdk.procutil import free_port
 
             host = rank_zero_address()
             return {"host": host, "port": free_port()}

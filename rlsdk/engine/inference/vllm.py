@@ -30,11 +30,11 @@ from typing import Any
 import torch
 
 from rlsdk.engine.inference.protocol import GenerateResult, SamplingParams, WeightInfo
-from rlsdk.engine.inference.sampling import _validate_params
-from rlsdk.engine.inference.stopping import SpecialTokens, check_stop_strings, resolve_special_tokens
 from rlsdk.engine.inference.vllm_auth import TOKEN_ENV
 from rlsdk.engine.inference.vllm_server import SERVED_MODEL_NAME, InferenceServerError, VLLMServer, http_client
 from rlsdk.engine.inference.weight_transfer import FileWeightTransfer, WeightTransfer, check_worker_results
+from rlsdk.generation.sampling import validate_params
+from rlsdk.generation.stopping import SpecialTokens, check_stop_strings, resolve_special_tokens
 from rlsdk.observe.logging import get_logger
 
 logger = get_logger(__name__)
@@ -106,8 +106,8 @@ def check_before_start(config: Any) -> None:
     """What :meth:`VLLMEngine.start` would refuse, checked before any process of a Session starts.
 
     Only for a server the Session starts on this machine (no ``inference.url``, scheduler 'local') without a CUDA
-    device, where vLLM's CPU attention serves: a head size it does not support fails the server ~30 s after the
-    train ranks started.
+    device, where vLLM's CPU attention serves: a head size it does not support fails the server only once its
+    model is loaded, long after the train ranks started.
 
     Raises:
         ConfigError: naming ``model.path`` (its head size, the sizes allowed and how to build a model that fits).
@@ -221,7 +221,7 @@ class VLLMEngine:
         """
         check_cpu_head_size(model_path)
         # Default: vLLM's reload (oneDNN-packed weights: fastest generation). InPlaceWeightTransfer syncs faster but
-        # its plain F.linear weights generate ~2x slower on CPU (docs/howto/vllm.md, "Measured here").
+        # its plain F.linear weights generate slower on CPU (docs/howto/vllm.md has the measured trade-off).
         transfer = transfer if transfer is not None else FileWeightTransfer()
         special = special_tokens if special_tokens is not None else resolve_special_tokens(model_path)
         lora_args = lora_server_args(lora_rank) if lora_rank > 0 else []
@@ -418,7 +418,7 @@ class VLLMEngine:
             InferenceServerError: the supervised server exited (exit code and last log lines).
             RuntimeError / TimeoutError / ConnectionError: the server rejected or did not answer a request.
         """
-        _validate_params(params.max_new_tokens, params.temperature, params.top_k, params.top_p)
+        validate_params(params.max_new_tokens, params.temperature, params.top_k, params.top_p)
         check_stop_strings(params.stop)
         prompts = [list(ids) for ids in prompt_ids]
         if not prompts:

@@ -41,8 +41,8 @@ import psutil
 
 from rlsdk.engine.inference.vllm_auth import MIDDLEWARE, TOKEN_ENV, bearer_header
 from rlsdk.engine.inference.vllm_worker import WEIGHTS_DIR_ENV
-from rlsdk.launch.output import pump_lines
 from rlsdk.observe.logging import get_logger
+from rlsdk.procutil import pump_lines, signal_group, start_in_own_session, wait_group_gone
 from rlsdk.runtime_dir import MAX_SOCKET_PATH, SessionRuntimeDir
 
 logger = get_logger(__name__)
@@ -297,14 +297,7 @@ class VLLMServer:
         logger.debug("starting vLLM server: %s", " ".join(cmd))
         start = time.perf_counter()
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *cmd,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-                env=environment,
-            )
+            proc = await start_in_own_session(cmd, environment)
         except BaseException:
             if own is not None:
                 own.remove()
@@ -378,9 +371,9 @@ class VLLMServer:
         core is useless without it) and drain the output; returns the API process's exit code."""
         code = await self.wait_exit()
         self.shm.record(self.proc.pid)
-        _signal_group(self.proc.pid, signal.SIGKILL)
+        signal_group(self.proc.pid, signal.SIGKILL)
         await self._drain()
-        await _wait_group_gone(self.proc.pid)
+        await wait_group_gone(self.proc.pid)
         self.shm.remove()
         return code
 
@@ -392,17 +385,17 @@ class VLLMServer:
         pgid = self.proc.pid  # start_new_session: the process group id is the leader's pid
         self.shm.record(pgid)
         if self.proc.returncode is None:
-            _signal_group(pgid, signal.SIGTERM)
+            signal_group(pgid, signal.SIGTERM)
             try:
                 await asyncio.wait_for(self.wait_exit(0.05), timeout=grace_s)
             except TimeoutError:
                 logger.warning("vLLM server did not stop within %.0f s; killing it", grace_s)
-                _signal_group(pgid, signal.SIGKILL)
+                signal_group(pgid, signal.SIGKILL)
                 await self.wait_exit(0.05)
         # The engine-core child may outlive the API process for a moment: the group goes down with it.
-        _signal_group(pgid, signal.SIGKILL)
+        signal_group(pgid, signal.SIGKILL)
         await self._drain()
-        await _wait_group_gone(pgid)
+        await wait_group_gone(pgid)
         self.shm.remove()
         if not self._reader.done():
             self._reader.cancel()
@@ -414,19 +407,3 @@ class VLLMServer:
         if self._own_runtime_dir is not None:
             self._own_runtime_dir.remove()
         return self.proc.returncode
-
-
-async def _wait_group_gone(pgid: int, timeout_s: float = 5.0) -> None:
-    """Wait until no process of group ``pgid`` is left (SIGKILLed members take a moment to be reaped)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return
-        await asyncio.sleep(0.05)
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)

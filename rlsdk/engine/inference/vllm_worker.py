@@ -205,13 +205,12 @@ class PublishedFile:
     parameter (no intermediate tensor); :attr:`direct_bytes` counts what went that way. How:
 
     - ``keep_mapped=False``: with ``preadv``. The kernel copies from the page cache, which for a file touched once
-      is faster than touching the mapping (one page fault per 4 KiB page: ~55 ms for 450 MB here before a byte
-      is copied).
+      is faster than touching the mapping (one page fault per 4 KiB page before a byte is copied).
     - ``keep_mapped=True`` (the in-place vLLM sync): a plain memory copy out of the mapping, which the caller keeps
       across syncs. The trainer rewrites the published file in place (same inode and size, so on ``/dev/shm``
       the same pages, see ``rlsdk.engine.train.engine.publish_safetensors``), so after the first sync the mapping
-      is already faulted in and each copy runs at memcpy speed (453 MB: ~23 ms on one core here, against ~60 ms
-      for ``preadv``). :meth:`still_maps` says whether a path still names the mapped file with the same header.
+      is already faulted in and each copy runs at memcpy speed, faster than ``preadv`` (benchmarks/vllm_sync.py).
+      :meth:`still_maps` says whether a path still names the mapped file with the same header.
 
     Raises ``ValueError`` on a malformed file (header length, unknown dtype, data outside the file).
     """

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from rlsdk.engine.inference.worker_results import CollectiveRpc, check_worker_results
 from rlsdk.versioning import WeightMismatchError
 
 if TYPE_CHECKING:
@@ -26,9 +27,6 @@ if TYPE_CHECKING:
 
 # InferenceConfig.weight_transfer
 WeightTransferChoice = Literal["auto", "reload", "inplace"]
-
-# (method, kwargs, timeout_s) -> one result per server worker
-CollectiveRpc = Callable[[str, dict[str, Any], float], Awaitable[list[Any]]]
 
 
 class WeightTransfer(Protocol):
@@ -63,23 +61,6 @@ class FileWeightTransfer:
     async def push(self, rpc: CollectiveRpc, path: str, version: int, timeout_s: float) -> dict[str, Any]:
         results = await rpc("rlsdk_load_weights", {"path": path}, timeout_s)
         return check_worker_results("rlsdk_load_weights", version, results)
-
-
-def check_worker_results(method: str, version: int, results: Sequence[Any]) -> dict[str, Any]:
-    """The first server worker's result of a weight-loading RPC once every worker returned the same checksum.
-
-    Raises ``RuntimeError`` joining the workers' error messages, when a worker returned no checksum, or when the
-    workers loaded different weights for ``version``.
-    """
-    errors = [r["error"] for r in results if isinstance(r, dict) and r.get("error")]
-    if errors:
-        raise RuntimeError("; ".join(errors))
-    if not results or not all(isinstance(r, dict) and r.get("checksum") for r in results):
-        raise RuntimeError(f"{method} returned {results!r}; expected one checksum per worker")
-    checksums = {r["checksum"] for r in results}
-    if len(checksums) != 1:
-        raise RuntimeError(f"server workers loaded different weights for v{version}: checksums {checksums}")
-    return dict(results[0])
 
 
 NCCL_WORKER_EXTENSION = "rlsdk.engine.inference.nccl_sync.NcclWeightSyncExtension"

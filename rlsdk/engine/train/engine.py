@@ -250,7 +250,8 @@ class TrainEngine:
             )
         else:
             # The fused kernel (one pass over each parameter, TRL's default 'adamw_torch_fused'): the same AdamW
-            # update at ~3x less time than foreach on the default policy; foreach where a device has no kernel.
+            # update in less time than foreach (fewer kernel launches, one read of each tensor); foreach where a
+            # device has no kernel.
             try:
                 optimizer = torch.optim.AdamW(
                     _trainable(model), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay, fused=True
@@ -291,9 +292,10 @@ class TrainEngine:
         """The model without the DDP wrapper; with 'fsdp2' the sharded model itself (DTensor parameters)."""
         return self.model if self.fsdp2 else self.accelerator.unwrap_model(self.model)
 
-    def _full_state_dict(self, *, keep: bool) -> dict[str, torch.Tensor] | None:
-        """The unsharded state dict where ``keep`` (None elsewhere). Collective with 'fsdp2' (every rank calls
-        it); with 'ddp' local, and ranks that do not keep it do nothing."""
+    def full_state_dict(self, *, keep: bool) -> dict[str, torch.Tensor] | None:
+        """The model's full (unsharded) state dict on the ranks that ``keep`` it, None on the others: what a weight
+        transfer sends and a checksum hashes. A collective with 'fsdp2' (every rank calls it); with 'ddp' local, and
+        ranks that do not keep it do nothing."""
         if self.fsdp2:
             from rlsdk.engine.train.fsdp import full_state_dict
 
@@ -793,9 +795,9 @@ class TrainEngine:
     ) -> dict[str, Any]:
         """Sample one completion per prompt with the weights this rank trains (``inference.engine='colocated'``).
 
-        :func:`~rlsdk.engine.inference.sampling.sample_completions` on the unwrapped model in eval mode, in
+        :func:`~rlsdk.generation.sampling.sample_completions` on the unwrapped model in eval mode, in
         chunks of ``max_batch_size`` prompts; no collective (each rank samples its own prompts, 'ddp' only).
-        ``params`` are :class:`~rlsdk.engine.inference.protocol.SamplingParams` fields (``stop`` strings are matched
+        ``params`` are :class:`~rlsdk.generation.params.SamplingParams` fields (``stop`` strings are matched
         on text decoded by the model's tokenizer, loaded on first use); ``eos_token_id`` is the id, or every id, that
         ends a completion; ``seed`` seeds this call's
         generator (None: the rank's own generator, seeded once from ``seed`` of the config and the rank).
@@ -806,8 +808,8 @@ class TrainEngine:
             RuntimeError: with ``train.parallelism='fsdp2'`` (its forward all-gathers: every rank would have to
                 run the same number of decode steps).
         """
-        from rlsdk.engine.inference.protocol import SamplingParams
-        from rlsdk.engine.inference.sampling import sample_completions
+        from rlsdk.generation.params import SamplingParams
+        from rlsdk.generation.sampling import sample_completions
 
         if self.fsdp2:
             raise RuntimeError("colocated generation needs train.parallelism='ddp' (got 'fsdp2')")
@@ -859,7 +861,7 @@ class TrainEngine:
     def _stop_criteria(self, eos_token_id: int | list[int], stop: tuple[str, ...]) -> Any:
         """What ends a colocated completion: the EOS ids, and ``stop`` matched on text decoded by the model's
         tokenizer (loaded from ``model.path`` on the first request with stop strings)."""
-        from rlsdk.engine.inference.stopping import StopCriteria
+        from rlsdk.generation.stopping import StopCriteria
 
         if not stop:
             return StopCriteria(eos_token_id)
@@ -888,7 +890,7 @@ class TrainEngine:
                 "version": self.version,
                 "checksum": state_dict_checksum(adapter_state_dict(self.unwrapped), algorithm),
             }
-        state_dict = self._full_state_dict(keep=with_checksum)
+        state_dict = self.full_state_dict(keep=with_checksum)
         if state_dict is None:
             return {"version": self.version}
         return {"version": self.version, "checksum": state_dict_checksum(state_dict, algorithm)}
@@ -913,7 +915,7 @@ class TrainEngine:
             return (
                 publish_adapter(self.unwrapped, publish_dir, self.version) if is_writer else {"version": self.version}
             )
-        state_dict = self._full_state_dict(keep=is_writer) if self.fsdp2 else None
+        state_dict = self.full_state_dict(keep=is_writer) if self.fsdp2 else None
         if not is_writer:
             return {"version": self.version}
         if state_dict is None:
@@ -958,7 +960,7 @@ class TrainEngine:
 
             if is_writer and rank != 0:
                 raise ValueError(f"fsdp2 checkpoints are written by rank 0, got writer rank {rank}")
-            model_state = self._full_state_dict(keep=is_writer)
+            model_state = self.full_state_dict(keep=is_writer)
             options = StateDictOptions(full_state_dict=True, cpu_offload=True)
             state["optimizer"] = get_optimizer_state_dict(self.model, self.optimizer, options=options)
             state["optimizer_format"] = "fsdp2_full"

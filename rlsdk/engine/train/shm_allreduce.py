@@ -1,9 +1,9 @@
 """All-reduce through shared memory for train ranks on one host (``launch.shm_allreduce``).
 
 Gloo all-reduces over TCP, even between processes on one machine: every call pays socket round trips and a
-thread wake-up on each side (~0.4 ms for 133k floats between 2 ranks here, ~3.5 ms a step once the ranks'
-skew is added). Ranks on one host can instead meet in one memory segment: each copies its tensor into its slot,
-announces it with a counter, waits for the others' counters, and reduces every slot into its own tensor.
+thread wake-up on each side, and the ranks' skew adds to it every step. Ranks on one host can instead meet in one
+memory segment: each copies its tensor into its slot, announces it with a counter, waits for the others'
+counters, and reduces every slot into its own tensor.
 
 - **Same result on every rank, bit for bit**: every rank reduces the slots in rank order (``slot 0 op slot 1 op
   ...``), elementwise, whatever its thread count.

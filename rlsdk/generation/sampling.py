@@ -1,0 +1,240 @@
+"""Batched autoregressive sampling with a transformers KV cache: the decode loop of every engine that generates
+in-process (the embedded engine in the controller, the colocated engine on the train ranks).
+
+Shape names: ``B`` = sequences, ``P`` = prompt tokens (left-padded), ``C`` = completion tokens (right-padded),
+``V`` = vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from rlsdk.generation.params import SamplingParams
+from rlsdk.generation.stopping import StopCriteria
+
+
+def validate_params(max_new_tokens: int, temperature: float, top_k: int, top_p: float) -> None:
+    """Raise ValueError naming the first sampling parameter out of range and what is allowed (every engine)."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: allowed >= 1")
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature!r} is invalid: allowed >= 0 (0 = greedy)")
+    if top_k < 0:
+        raise ValueError(f"top_k={top_k!r} is invalid: allowed >= 0 (0 = off)")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p={top_p!r} is invalid: allowed (0, 1] (1 = off)")
+
+
+def left_pad(
+    prompt_ids: Sequence[Sequence[int]], pad_token_id: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token-id lists into ``(prompt_ids_B_P, prompt_mask_B_P)`` (int64 ids, bool mask).
+
+    Raises:
+        ValueError: no prompts, or an empty prompt (index named).
+    """
+    if len(prompt_ids) == 0:
+        raise ValueError("prompt_ids is empty: need at least one prompt")
+    lengths = [len(ids) for ids in prompt_ids]
+    for index, length in enumerate(lengths):
+        if length == 0:
+            raise ValueError(f"prompt_ids[{index}] is empty: every prompt needs at least one token")
+    width = max(lengths)
+    ids_B_P = torch.full((len(prompt_ids), width), pad_token_id, dtype=torch.long)
+    mask_B_P = torch.zeros((len(prompt_ids), width), dtype=torch.bool)
+    for row, ids in enumerate(prompt_ids):
+        ids_B_P[row, width - len(ids) :] = torch.as_tensor(list(ids), dtype=torch.long)
+        mask_B_P[row, width - len(ids) :] = True
+    return ids_B_P.to(device), mask_B_P.to(device)
+
+
+def _filter_logits(logits_B_V: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set logits outside the top-k / nucleus to -inf (the most likely token always survives)."""
+    if top_k > 0 and top_k < logits_B_V.shape[-1]:
+        kth_B_1 = torch.topk(logits_B_V, top_k, dim=-1).values[:, -1:]
+        logits_B_V = logits_B_V.masked_fill(logits_B_V < kth_B_1, float("-inf"))
+    if top_p < 1.0:
+        sorted_B_V, order_B_V = torch.sort(logits_B_V, dim=-1, descending=True)
+        cumulative_B_V = sorted_B_V.softmax(dim=-1).cumsum(dim=-1)
+        # Drop a token when the mass before it already reaches top_p.
+        drop_sorted_B_V = (cumulative_B_V - sorted_B_V.softmax(dim=-1)) >= top_p
+        drop_B_V = drop_sorted_B_V.scatter(-1, order_B_V, drop_sorted_B_V)
+        logits_B_V = logits_B_V.masked_fill(drop_B_V, float("-inf"))
+    return logits_B_V
+
+
+def _draw(
+    probs_A_V: torch.Tensor, rows_A: torch.Tensor | None, batch: int, generator: torch.Generator | None
+) -> torch.Tensor:
+    """One token per row from ``probs_A_V``: ``torch.multinomial(probs, 1)``'s draw.
+
+    multinomial draws one sample as ``argmax(p / q)`` with ``q ~ Exp(1)`` noise for every entry of ``p`` (the
+    Gumbel-max trick). Once finished rows have left the batch (``rows_A``: each row's index among the ``batch``
+    rows the call started with), the noise is still drawn for all ``batch`` rows and each row takes its own: the
+    generator's stream, and so every row's tokens, stay what they would be without compaction."""
+    if rows_A is None:
+        return torch.multinomial(probs_A_V, 1, generator=generator).squeeze(1)
+    noise_B_V = torch.empty((batch, probs_A_V.shape[1]), dtype=probs_A_V.dtype, device=probs_A_V.device)
+    noise_B_V.exponential_(1, generator=generator)
+    return (probs_A_V / noise_B_V[rows_A]).argmax(dim=-1)
+
+
+def sample_completions(
+    model: torch.nn.Module,
+    prompt_ids: Sequence[Sequence[int]],
+    params: SamplingParams,
+    *,
+    pad_token_id: int,
+    eos_token_id: int | Sequence[int],
+    generator: torch.Generator | None = None,
+    before_step: Callable[[int], None] | None = None,
+    stop_criteria: StopCriteria | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sample one completion per prompt with a KV cache: prefill, then one token per step for the batch.
+
+    Positions are ``cumsum(attention_mask) - 1`` exactly as in
+    :func:`rlsdk.algorithms.logprobs.completion_logprobs`, so on the same weights the returned logprobs equal
+    the trainer's to float rounding (~1e-6 in float32).
+
+    Sampling: ``logits / temperature``, then top-k (``params.top_k > 0``) and nucleus (``params.top_p < 1``)
+    filtering, then a multinomial draw with ``generator``. ``temperature == 0`` is greedy (argmax); its
+    logprobs are then those of ``log_softmax(logits)`` (temperature 1). The returned logprobs are of
+    ``log_softmax(logits / temperature)`` BEFORE top-k/top-p filtering: the distribution the trainer
+    recomputes with :func:`completion_logprobs` (filtering is treated as part of the environment, as vLLM
+    does).
+
+    A row stops after it samples any of the ``eos_token_id`` ids (the EOS token is part of the completion, its
+    mask True) or, with ``stop_criteria`` holding stop strings, after the token that completes one in its decoded
+    text (that token is kept too; see :mod:`rlsdk.generation.stopping`); the batch stops when every row has
+    stopped or ``params.max_new_tokens`` tokens were drawn. Finished rows leave the batch (their key/value cache
+    rows dropped, so later decode steps do no work for them) once the row-steps that saves, finished rows x steps
+    left, reach the batch's rows (the cost of copying the cache once): at once in a long generation, rarely in a
+    short one. A seeded call draws the same tokens either way (see :func:`_draw`). Without stop strings the only
+    device-host sync per decode step is the count of finished rows.
+
+    Runs under ``torch.inference_mode()``: the returned tensors are inference tensors; ``.clone()`` them
+    outside inference mode before using them in autograd.
+
+    Args:
+        model: a transformers causal LM (eval mode expected); its device is used for all tensors.
+        prompt_ids: one non-empty list of token ids per prompt.
+        params: ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``; ``params.seed`` is ignored here
+            (the caller passes a seeded ``generator``).
+        pad_token_id: id written after a row's end.
+        eos_token_id: the id, or ids, that end a row (ignored when ``stop_criteria`` is given).
+        generator: RNG for the draws; ``None`` uses torch's default generator.
+        before_step: called as ``before_step(t)`` before the forward pass that yields token column ``t``
+            (``t >= 1``; the prefill yields column 0). An interruptible engine swaps weights there: tokens from
+            column ``t`` on come from the new weights, over the KV cache the old ones wrote (kept, not
+            recomputed, as vLLM keeps in-flight requests across a weight update).
+        stop_criteria: what ends a row (EOS ids and stop strings); ``None``: the ``eos_token_id`` ids only.
+
+    Returns:
+        ``(completion_ids_B_C, completion_mask_B_C, logprobs_B_C)``: int64 ids (pad after the end), bool mask,
+        float32 logprobs (0.0 where the mask is False). ``C`` is the longest completion (<= max_new_tokens).
+
+    Raises:
+        ValueError: empty prompt list or prompt, an empty ``eos_token_id`` list, or invalid sampling parameters.
+    """
+    from transformers import DynamicCache
+
+    max_new_tokens, temperature = params.max_new_tokens, params.temperature
+    top_k, top_p = params.top_k, params.top_p
+    validate_params(max_new_tokens, temperature, top_k, top_p)
+    device = next(model.parameters()).device
+    stopping = stop_criteria if stop_criteria is not None else StopCriteria(eos_token_id)
+    scale = temperature if temperature > 0 else 1.0
+
+    with torch.inference_mode():
+        # Prefill each distinct prompt once (a GRPO group repeats its prompt group_size times), then give every
+        # row its prompt's cache and last logits: the same numbers as a per-row prefill.
+        distinct: dict[tuple[int, ...], int] = {}
+        inverse = [distinct.setdefault(tuple(ids), len(distinct)) for ids in prompt_ids]
+        batch = len(prompt_ids)
+        if () in distinct:  # left_pad would name the index among the distinct prompts
+            left_pad(prompt_ids, pad_token_id)
+        unique_ids_U_P, unique_mask_U_P = left_pad(list(distinct), pad_token_id, device)
+        position_ids_U_P = (unique_mask_U_P.long().cumsum(dim=1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        output = model(
+            input_ids=unique_ids_U_P,
+            attention_mask=unique_mask_U_P.long(),
+            position_ids=position_ids_U_P,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        attention_mask_A_T = unique_mask_U_P.long()
+        next_position_A_1 = position_ids_U_P[:, -1:] + 1
+        first_logits_A_1_V = output.logits
+        if len(distinct) < batch:
+            inverse_B = torch.tensor(inverse, dtype=torch.long, device=device)
+            cache.batch_select_indices(inverse_B)
+            attention_mask_A_T = attention_mask_A_T[inverse_B]
+            next_position_A_1 = next_position_A_1[inverse_B]
+            first_logits_A_1_V = first_logits_A_1_V[inverse_B]
+
+        tokens_B_C = torch.full((batch, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+        mask_B_C = torch.zeros((batch, max_new_tokens), dtype=torch.bool, device=device)
+        logprobs_B_C = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
+        # The batch's rows ("A", active): rows_A maps them to the call's rows (None: all of them, in order);
+        # done_A marks rows that have ended but not yet left the batch.
+        rows_A: torch.Tensor | None = None
+        done_A = torch.zeros(batch, dtype=torch.bool, device=device)
+        steps = 0
+        logits_A_1_V = first_logits_A_1_V
+        for step in range(max_new_tokens):
+            logits_A_V = logits_A_1_V[:, -1, :].float() / scale
+            logprobs_A_V = torch.log_softmax(logits_A_V, dim=-1)
+            if temperature == 0:
+                token_A = logits_A_V.argmax(dim=-1)
+            else:
+                probs_A_V = _filter_logits(logits_A_V, top_k, top_p).softmax(dim=-1)
+                token_A = _draw(probs_A_V, rows_A, batch, generator)
+            live_A = ~done_A
+            token_A = torch.where(live_A, token_A, pad_token_id)
+            token_logprob_A = torch.where(live_A, logprobs_A_V.gather(-1, token_A.unsqueeze(-1)).squeeze(-1), 0.0)
+            if rows_A is None:
+                tokens_B_C[:, step], mask_B_C[:, step], logprobs_B_C[:, step] = token_A, live_A, token_logprob_A
+            else:
+                tokens_B_C[rows_A, step], mask_B_C[rows_A, step] = token_A, live_A
+                logprobs_B_C[rows_A, step] = token_logprob_A
+            # Rows that end with this token; only stop strings need a row's earlier tokens (its decoded text).
+            if not stopping.stop:
+                history_A_T = token_A.unsqueeze(1)
+            elif rows_A is None:
+                history_A_T = tokens_B_C[:, : step + 1]
+            else:
+                history_A_T = tokens_B_C[rows_A, : step + 1]
+            ended_A = stopping.ended_B(history_A_T, live_A)
+            done_A = done_A | ended_A
+            steps = step + 1
+            if steps == max_new_tokens:
+                break
+            finished = int(done_A.sum())  # the one host sync per decode step
+            if finished == done_A.numel():
+                break
+            if finished and finished * (max_new_tokens - steps) >= done_A.numel():
+                keep_A = (~done_A).nonzero().squeeze(1)
+                cache.batch_select_indices(keep_A)
+                rows_A = keep_A if rows_A is None else rows_A[keep_A]
+                attention_mask_A_T, next_position_A_1 = attention_mask_A_T[keep_A], next_position_A_1[keep_A]
+                token_A, done_A = token_A[keep_A], done_A[keep_A]
+            attention_mask_A_T = torch.cat(
+                [attention_mask_A_T, attention_mask_A_T.new_ones((token_A.shape[0], 1))], dim=1
+            )
+            if before_step is not None:
+                before_step(steps)
+            output = model(
+                input_ids=token_A.unsqueeze(1),
+                attention_mask=attention_mask_A_T,
+                position_ids=next_position_A_1,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            logits_A_1_V = output.logits
+            next_position_A_1 = next_position_A_1 + 1
+
+        return tokens_B_C[:, :steps], mask_B_C[:, :steps], logprobs_B_C[:, :steps]
