@@ -940,6 +940,7 @@ class Session:
         versions, once the call outlasts a second (``None``: in Jupyter only).
         """
         from rlsdk.algorithms import compute_advantages
+        from rlsdk.algorithms.batching import shard_rows, trainable_indices, update_tensors
         from rlsdk.engine.train.schedule import minibatch_normalisers
         from rlsdk.observe.progress import CallProgress
 
@@ -967,43 +968,24 @@ class Session:
             scale_by_std=cfg.algorithm.scale_rewards,
             eps=cfg.algorithm.adv_eps,
         )
-        index_B = keep_B.nonzero().flatten()
-        stale = rollout.num_samples - index_B.numel()
-        index_B = index_B[: index_B.numel() - index_B.numel() % world]  # equal shards: equal collectives
+        index_B, stale = trainable_indices(keep_B, world)
         if index_B.numel() == 0:
             raise VersionError(
                 f"no sample left to train on: {stale} stale samples dropped and {world} ranks need at least one "
                 f"sample each (trainer v{self.versions.trainer_version}, max_staleness {cfg.rollout.max_staleness})"
             )
         self.versions.dropped_stale_samples += stale
-        batch = {
-            "prompt_ids_B_P": rollout.prompt_ids_B_P[index_B],
-            "prompt_mask_B_P": rollout.prompt_mask_B_P[index_B],
-            "completion_ids_B_C": rollout.completion_ids_B_C[index_B],
-            "completion_mask_B_C": rollout.completion_mask_B_C[index_B],
-            # what the trainer's forward attends to: the engine's context (tool outputs of a multi-turn rollout
-            # included), a superset of the trained tokens
-            "completion_attention_mask_B_C": (
-                rollout.completion_mask_B_C if rollout.attention_mask_B_C is None else rollout.attention_mask_B_C
-            )[index_B],
-            "logprobs_B_C": rollout.logprobs_B_C[index_B],
-            "advantages_B": advantages_B[index_B],
+        batch = update_tensors(rollout, advantages_B, index_B)
+        shared = {
+            "num_tokens": int(batch["completion_mask_B_C"].sum()),
+            "num_sequences": index_B.numel(),
+            "with_checksum": cfg.inference.engine == "colocated",
+            "minibatches": minibatch_normalisers(batch["completion_mask_B_C"], world, cfg.train.mini_batch_size),
         }
-        num_tokens = int(batch["completion_mask_B_C"].sum())
-        per_rank = index_B.numel() // world
-        minibatches = minibatch_normalisers(batch["completion_mask_B_C"], world, cfg.train.mini_batch_size)
-        colocated = cfg.inference.engine == "colocated"
         lookahead = self._plan_lookahead(engine)
         bodies = [
-            {
-                "shard": {k: v[r * per_rank : (r + 1) * per_rank] for k, v in batch.items()},
-                "num_tokens": num_tokens,
-                "num_sequences": index_B.numel(),
-                "with_checksum": colocated,
-                "minibatches": minibatches,
-                **({"then_generate": lookahead[r]} if lookahead is not None else {}),
-            }
-            for r in range(world)
+            {"shard": shard, **shared, **({"then_generate": lookahead[r]} if lookahead is not None else {})}
+            for r, shard in enumerate(shard_rows(batch, world))
         ]
         self._updated_weights = None
         trainer_version = self.versions.trainer_version
@@ -1022,82 +1004,12 @@ class Session:
             if any(error is not None for error in errors):
                 logger.debug("look-ahead generation failed on the ranks (the next rollout retries): %s", errors)
             engine.hold(None if any(g is None for g in generated) else generated)  # type: ignore[attr-defined]
-        self._record_trainer_version("update", results, colocated)
-        totals = {
-            k: sum(float(r[k]) for r in results)
-            for k in ("loss_sum", "clipped_tokens", "ratio_sum", "kl_sum", "entropy_sum", "tokens",
-                      "logprob_absdiff_sum", "ratio_dev_sq_sum", "objective", "is_weight_sum", "is_capped_tokens")
-        }  # fmt: skip
-        maxima = {k: max(float(r[k]) for r in results) for k in ("logprob_absdiff_max", "ratio_max", "neg_ratio_min")}
-        tokens = max(totals["tokens"], 1.0)
-        agreement = {
-            "agreement/logprob_absdiff_mean": totals["logprob_absdiff_sum"] / tokens,
-            "agreement/logprob_absdiff_max": maxima["logprob_absdiff_max"],
-            "agreement/ratio_rms_dev": (totals["ratio_dev_sq_sum"] / tokens) ** 0.5,  # sqrt(mean((ratio - 1)^2))
-            "agreement/ratio_min": -maxima["neg_ratio_min"],
-            "agreement/ratio_max": maxima["ratio_max"],
-        }
-        update_s = time.perf_counter() - start
-        rollout_s = float(rollout.info.get("seconds", float("nan")))
-        stats = {
-            "step": float(self.step),
-            **reward_metrics(rollout),  # mean, std and each combine_rewards() component
-            "train/loss": totals["loss_sum"] / tokens,
-            # The aggregated loss actually differentiated (per algorithm.loss_agg); each rank's share is scaled
-            # by the world size because DDP averages gradients.
-            "train/objective": totals["objective"] / world,
-            "train/is_weight_mean": totals["is_weight_sum"] / tokens,
-            "train/is_capped_fraction": totals["is_capped_tokens"] / tokens,
-            "train/clip_fraction": totals["clipped_tokens"] / tokens,
-            "train/ratio_mean": totals["ratio_sum"] / tokens,
-            "train/kl": totals["kl_sum"] / tokens,
-            "train/entropy": totals["entropy_sum"] / tokens,
-            "train/grad_norm": float(results[0]["grad_norm"]),
-            "train/lr": float(results[0]["lr"]),
-            "train/optimizer_steps": float(results[0]["optimizer_steps"]),
-            "train/tokens": totals["tokens"],
-            "train/dropped_stale": float(stale),
-            "train/used_samples": float(index_B.numel()),
-            **agreement,
-            "time/update_s": update_s,
-            "time/rank_update_s": max(float(r["seconds"]) for r in results),
-            "time/rollout_s": rollout_s,
-            "time/reward_s": float(rollout.info.get("reward_seconds", float("nan"))),
-            **completion_metrics(
-                rollout, max_new_tokens=cfg.rollout.max_new_tokens, eos_token_ids=self.special_tokens.eos_token_ids
-            ),
-            **throughput_metrics(
-                rollout_tokens=float(rollout.completion_mask_B_C.sum()),
-                rollout_s=rollout_s,
-                update_tokens=totals["tokens"],
-                update_s=update_s,
-            ),
-            "version/trainer": float(self.versions.trainer_version),
-            "version/engine": float(self.versions.engine_version),
-            "version/behaviour_min": float(rollout.behaviour_versions_B.min()),
-            **{k: float(v) for k, v in rollout.info.get("dynamic_sampling", {}).items()},
-        }
+        self._record_trainer_version("update", results, shared["with_checksum"])
+        stats = self._update_stats(rollout, results, stale=stale, used=index_B.numel(), began=start)
         if self.metrics is not None:
             self.metrics.log(self.step, stats)
             self.metrics.log_text(self.step, "samples", samples_markdown(rollout))
-        self._check_entropy_bonus(stats["train/entropy"], advantages_B[index_B])
-        if agreement["agreement/logprob_absdiff_mean"] > cfg.inference.logprob_warn_threshold:
-            logger.warning(
-                "update %d: trainer and engine disagree: mean |logprob diff| %.4g (max %.4g, ratio in "
-                "[%.3f, %.3f]) > inference.logprob_warn_threshold=%g over %d tokens of behaviour versions %s "
-                "(engine serves %s, trainer computes in %s); stale or corrupted engine weights, a dtype "
-                "mismatch, or top-k/top-p sampling?",
-                self.step,
-                agreement["agreement/logprob_absdiff_mean"],
-                agreement["agreement/logprob_absdiff_max"],
-                agreement["agreement/ratio_min"],
-                agreement["agreement/ratio_max"],
-                cfg.inference.logprob_warn_threshold,
-                int(totals["tokens"]),
-                rollout.versions,
-                cfg.inference.dtype or cfg.model.dtype,
-                "bf16 (float32 master weights)" if cfg.train.mixed_precision == "bf16" else cfg.model.dtype,
-            )
+        self._warn_after_update(stats, rollout, advantages_B[index_B])
         if stale:
             logger.info(
                 "update %d: used %d samples, dropped %d stale (trainer v%d, max_staleness %d)",
@@ -1109,6 +1021,62 @@ class Session:
             )
         logger.debug("update %d: %s", self.step, stats)
         return stats
+
+    def _update_stats(
+        self, rollout: Rollout, results: list[dict[str, Any]], *, stale: int, used: int, began: float
+    ) -> dict[str, float]:
+        """An update's metrics: the rollout's rewards and completions, the ranks' ``train/*`` and ``agreement/*``
+        (:func:`~rlsdk.observe.rollout_metrics.update_metrics`), timings, throughput and versions."""
+        from rlsdk.observe.rollout_metrics import update_metrics
+
+        update_s = time.perf_counter() - began
+        rollout_s = float(rollout.info.get("seconds", float("nan")))
+        ranks = update_metrics(results, world=self.config.launch.num_ranks)
+        return {
+            "step": float(self.step),
+            **reward_metrics(rollout),  # mean, std and each combine_rewards() component
+            **ranks,
+            "train/dropped_stale": float(stale),
+            "train/used_samples": float(used),
+            "time/update_s": update_s,
+            "time/rollout_s": rollout_s,
+            "time/reward_s": float(rollout.info.get("reward_seconds", float("nan"))),
+            **completion_metrics(
+                rollout,
+                max_new_tokens=self.config.rollout.max_new_tokens,
+                eos_token_ids=self.special_tokens.eos_token_ids,
+            ),
+            **throughput_metrics(
+                rollout_tokens=float(rollout.completion_mask_B_C.sum()),
+                rollout_s=rollout_s,
+                update_tokens=ranks["train/tokens"],
+                update_s=update_s,
+            ),
+            "version/trainer": float(self.versions.trainer_version),
+            "version/engine": float(self.versions.engine_version),
+            "version/behaviour_min": float(rollout.behaviour_versions_B.min()),
+            **{k: float(v) for k, v in rollout.info.get("dynamic_sampling", {}).items()},
+        }
+
+    def _warn_after_update(self, stats: dict[str, float], rollout: Rollout, advantages_B: Any) -> None:
+        """The update's warnings (see :mod:`rlsdk.observe.update_checks`): the entropy bonus once, at the first
+        update with a signal; the trainer/engine disagreement at every update past the threshold."""
+        from rlsdk.observe.update_checks import check_entropy_bonus, warn_on_disagreement
+
+        cfg = self.config
+        if not self._entropy_checked:
+            vocab = len(self.tokenizer) if self.tokenizer is not None else 0
+            self._entropy_checked = check_entropy_bonus(
+                cfg.algorithm.entropy_coef, stats["train/entropy"], advantages_B, vocab=vocab, step=self.step
+            )
+        warn_on_disagreement(
+            stats,
+            step=self.step,
+            threshold=cfg.inference.logprob_warn_threshold,
+            behaviour_versions=rollout.versions,
+            served_dtype=cfg.inference.dtype or cfg.model.dtype,
+            trained_dtype="bf16 (float32 master weights)" if cfg.train.mixed_precision == "bf16" else cfg.model.dtype,
+        )
 
     def _record_trainer_version(self, command: str, results: list[dict[str, Any]], colocated: bool) -> None:
         """After an optimizer step on every rank (``update``, ``sft_update``): the ranks' one new version becomes the
@@ -1125,37 +1093,6 @@ class Session:
         self.versions.trainer_version = versions.pop()
         set_log_context(version=self.versions.trainer_version)
         self.step += 1
-
-    def _check_entropy_bonus(self, entropy_mean: float, advantages_B: Any) -> None:
-        """Warn once when ``algorithm.entropy_coef`` x the batch's mean token entropy exceeds its mean |advantage|
-        (see :mod:`rlsdk.algorithms.entropy_check`); checked at the first update whose advantages are not all 0."""
-        import math
-
-        from rlsdk.algorithms.entropy_check import entropy_bonus_ratio, suggested_entropy_coef
-
-        coef = self.config.algorithm.entropy_coef
-        if self._entropy_checked or coef == 0:
-            return
-        ratio = entropy_bonus_ratio(coef, entropy_mean, advantages_B)
-        if math.isinf(ratio):
-            return  # no signal yet to compare with
-        self._entropy_checked = True
-        if ratio > 1.0:
-            vocab = len(self.tokenizer) if self.tokenizer is not None else 0
-            logger.warning(
-                "algorithm.entropy_coef=%g x mean token entropy %.3g nats (log V = %.3g for a vocabulary of %d) is "
-                "%.1fx the mean |advantage| %.3g of update %d: the entropy bonus, not the reward, drives the first "
-                "updates (a coefficient tuned on a small vocabulary weighs log V times more on a large one). "
-                "Consider entropy_coef <= %.2g (a tenth of the advantage scale) or 0; see docs/howto/algorithms.md",
-                coef,
-                entropy_mean,
-                math.log(vocab) if vocab > 1 else float("nan"),
-                vocab,
-                ratio,
-                float(advantages_B.abs().mean()),
-                self.step,
-                suggested_entropy_coef(advantages_B, entropy_mean),
-            )
 
     def _update_progress(self) -> tuple[int, int] | None:
         """Micro-batches done / total, summed over the ranks whose heartbeat reports the running update."""
@@ -1236,6 +1173,7 @@ class Session:
                 :func:`~rlsdk.data.sft.tokenize_sft`), a row count that is not a positive multiple of the
                 rank count (nothing is dropped), or an ``lr`` that is not > 0.
         """
+        from rlsdk.algorithms.batching import shard_rows
         from rlsdk.data.sft import check_sft_batch, collate_sft, tokenize_sft
         from rlsdk.observe.rollout_metrics import sft_metrics
 
@@ -1258,15 +1196,15 @@ class Session:
         if discard_lookahead is not None:
             discard_lookahead()  # sampled with the weights this step replaces
         colocated = cfg.inference.engine == "colocated"
-        per_rank = rows // world
+        num_tokens = int(tensors["completion_mask_B_C"].sum())
         bodies = [
             {
-                "shard": {k: v[r * per_rank : (r + 1) * per_rank] for k, v in tensors.items()},
-                "num_tokens": int(tensors["completion_mask_B_C"].sum()),
+                "shard": shard,
+                "num_tokens": num_tokens,
                 "lr": None if lr is None else float(lr),
                 "with_checksum": colocated,
             }
-            for r in range(world)
+            for shard in shard_rows(tensors, world)
         ]
         self._updated_weights = None
         start = time.perf_counter()
@@ -1324,14 +1262,10 @@ class Session:
         Raises ``ValueError`` for ``n < 1``, ``greedy`` with ``n > 1``, no prompts, an empty ``prefix``, or
         ``prompts=None`` with ``data.task='file'`` and no ``data.eval_path``; ``RewardError`` as :meth:`reward`.
         """
-        from rlsdk.evaluation import eval_seed, eval_workflow, held_out_prompts
-        from rlsdk.observe.rollout_metrics import pass_metrics
+        from rlsdk.evaluation import check_eval_args, eval_metrics, eval_seed, eval_workflow, held_out_prompts
 
         engine = self._engine()
-        if n < 1 or (greedy and n != 1):
-            raise ValueError(f"n={n!r} is invalid: allowed an int >= 1, and 1 with greedy=True (samples are equal)")
-        if not prefix or "/" in prefix:
-            raise ValueError(f"prefix={prefix!r} is invalid: allowed a non-empty metric namespace without '/'")
+        check_eval_args(n, greedy, prefix)
         if prompts is None:
             rows = self._held_out.get(num_prompts)
             if rows is None:  # the same held-out rows at every evaluation of this session
@@ -1346,22 +1280,16 @@ class Session:
         start = time.perf_counter()
         rollout = await workflow.arun_batch(engine, rows, n, seed=eval_seed(self.config, self.step))
         rollout = await self._reward(rollout, reward_fn, timeout_s)
-        assert rollout.rewards_B is not None
-        metrics = {
-            **{k.replace("reward/", "eval/reward_", 1): v for k, v in reward_metrics(rollout).items()},
-            **pass_metrics(rollout.rewards_B, n, threshold=pass_threshold),
-            **completion_metrics(
-                rollout,
-                max_new_tokens=getattr(getattr(workflow, "params", None), "max_new_tokens", 0) or 1 << 30,
-                eos_token_ids=self.special_tokens.eos_token_ids,
-                prefix="eval/completion",
-            ),
-            "eval/num_prompts": float(len(rows)),
-            "eval/engine_version": float(min(rollout.versions) if rollout.versions else self.versions.engine_version),
-            "eval/seconds": time.perf_counter() - start,
-        }
-        if prefix != "eval":
-            metrics = {prefix + key[len("eval") :]: value for key, value in metrics.items()}
+        metrics = eval_metrics(
+            rollout,
+            n=n,
+            pass_threshold=pass_threshold,
+            max_new_tokens=getattr(getattr(workflow, "params", None), "max_new_tokens", 0) or 1 << 30,
+            eos_token_ids=self.special_tokens.eos_token_ids,
+            engine_version=self.versions.engine_version,
+            seconds=time.perf_counter() - start,
+            prefix=prefix,
+        )
         if self.metrics is not None:
             self.metrics.log(self.step, metrics)
             self.metrics.log_text(self.step, f"{prefix}/samples", samples_markdown(rollout))

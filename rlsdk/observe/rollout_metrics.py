@@ -138,3 +138,41 @@ def sft_metrics(results: Sequence[dict[str, float]], *, seconds: float) -> dict[
         "time/sft_s": seconds,
         "throughput/sft_tokens_per_s": tokens / seconds if seconds > 0 else math.nan,
     }
+
+
+_UPDATE_SUMS = (
+    "loss_sum", "clipped_tokens", "ratio_sum", "kl_sum", "entropy_sum", "tokens", "logprob_absdiff_sum",
+    "ratio_dev_sq_sum", "objective", "is_weight_sum", "is_capped_tokens",
+)  # fmt: skip
+
+
+def update_metrics(results: Sequence[dict[str, float]], *, world: int) -> dict[str, float]:
+    """An RL update's ``train/*`` and ``agreement/*`` metrics from every rank's ``update`` result (sums over its
+    shard), means over the completion tokens, and ``time/rank_update_s`` (the slowest rank).
+
+    ``agreement/*`` compares the trainer's log-probabilities with the engine's behaviour log-probabilities:
+    mean and max |difference|, the importance ratio's RMS deviation from 1, its min and max."""
+    totals = {k: sum(float(r[k]) for r in results) for k in _UPDATE_SUMS}
+    tokens = max(totals["tokens"], 1.0)
+    return {
+        "train/loss": totals["loss_sum"] / tokens,
+        # The aggregated loss actually differentiated (per algorithm.loss_agg); each rank's share is scaled by the
+        # world size because DDP averages gradients.
+        "train/objective": totals["objective"] / world,
+        "train/is_weight_mean": totals["is_weight_sum"] / tokens,
+        "train/is_capped_fraction": totals["is_capped_tokens"] / tokens,
+        "train/clip_fraction": totals["clipped_tokens"] / tokens,
+        "train/ratio_mean": totals["ratio_sum"] / tokens,
+        "train/kl": totals["kl_sum"] / tokens,
+        "train/entropy": totals["entropy_sum"] / tokens,
+        "train/grad_norm": float(results[0]["grad_norm"]),
+        "train/lr": float(results[0]["lr"]),
+        "train/optimizer_steps": float(results[0]["optimizer_steps"]),
+        "train/tokens": totals["tokens"],
+        "agreement/logprob_absdiff_mean": totals["logprob_absdiff_sum"] / tokens,
+        "agreement/logprob_absdiff_max": max(float(r["logprob_absdiff_max"]) for r in results),
+        "agreement/ratio_rms_dev": (totals["ratio_dev_sq_sum"] / tokens) ** 0.5,  # sqrt(mean((ratio - 1)^2))
+        "agreement/ratio_min": -max(float(r["neg_ratio_min"]) for r in results),
+        "agreement/ratio_max": max(float(r["ratio_max"]) for r in results),
+        "time/rank_update_s": max(float(r["seconds"]) for r in results),
+    }
