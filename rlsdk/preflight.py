@@ -155,14 +155,12 @@ async def check_before_start(config: SessionConfig) -> tuple[tuple[Path, dict[st
     model's special tokens. Records logged meanwhile (e.g. prompts dropped by ``data.max_prompt_tokens``) are kept
     and shown once the Session's logging is set up."""
     from rlsdk.data.prepare import data_needs_tokenizer
+    from rlsdk.engine.inference import check_engine_before_start
     from rlsdk.engine.lora import check_peft_installed
 
     check_model_dir(config.model.path)
     check_peft_installed(config.train.lora_rank)
-    if config.inference.engine == "vllm":
-        from rlsdk.engine.inference.vllm import check_before_start as check_vllm
-
-        await asyncio.to_thread(check_vllm, config)
+    await asyncio.to_thread(check_engine_before_start, config)  # the configured engine's own checks
     resume = await asyncio.to_thread(load_resume_state, config)
     dataset = tokenizer = None
     if config.data.task == "file" or data_needs_tokenizer(config.data):

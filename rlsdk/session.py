@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rlsdk.config import SessionConfig, config_to_dict
-from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams, WeightInfo
+from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams, SessionEngine, WeightInfo
 from rlsdk.engine.inference.vllm_worker import WEIGHTS_DIR_ENV
 from rlsdk.engine.publish_dir import PublishDir
 from rlsdk.observe.logging import ROOT_LOGGER, RankLogRouter, capture_records, get_logger, set_log_context
@@ -41,7 +41,7 @@ from rlsdk.preflight import load_resume_state as load_resume_state
 from rlsdk.rewards.apply import RewardFn, compute_reward_breakdown
 from rlsdk.runtime_dir import output_modes, private_dir, restrict_tree
 from rlsdk.tasks import cancel_quietly
-from rlsdk.versioning import VersionError, VersionLedger, WeightMismatchError, staleness_mask
+from rlsdk.versioning import VersionError, VersionLedger, staleness_mask
 from rlsdk.workflow.rollout import Rollout, normalize_rows
 from rlsdk.workflow.single_turn import RolloutWorkflow, SingleTurnWorkflow
 
@@ -74,6 +74,28 @@ def rank_startup_seconds(launched: float, marks: Sequence[dict[str, float] | Non
     return out
 
 
+class _Ranks:
+    """The Session's train ranks as an engine sees them (:class:`~rlsdk.engine.inference.protocol.TrainerHandle`)."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    @property
+    def commands_sent(self) -> int:
+        return self._session._broadcasts
+
+    async def broadcast(
+        self, command: str, body: dict[str, Any] | list[dict[str, Any]] | None = None, *, timeout_s: float | None
+    ) -> list[Any]:
+        return await self._session._broadcast(command, body, timeout_s=timeout_s)
+
+    async def export_weights(self) -> dict[str, Any]:
+        session = self._session
+        body = {"publish_dir": session._publish_dir, "src": 0}
+        results = await session._broadcast("export_weights", body, timeout_s=session.config.launch.command_timeout_s)
+        return dict(results[0])
+
+
 class Session:
     """A live RL session: background train ranks, an inference engine, and the version ledger.
 
@@ -86,7 +108,7 @@ class Session:
         self.versions = VersionLedger()
         self.step = 0
         self.rank_info: dict[int, dict[str, Any]] = {}
-        self.engine: InferenceEngine | None = None
+        self.engine: SessionEngine | None = None
         self.tokenizer: Any = None
         self.workflow: RolloutWorkflow | None = None
         self._default_workflow: RolloutWorkflow | None = None  # the one start() made; restart() keeps any other
@@ -115,9 +137,6 @@ class Session:
         self._restore_threads: Callable[[], None] | None = None
         self._engine_threads: int | None = None  # the embedded engine's default inference.num_threads
         self._broadcasts = 0  # commands sent through _broadcast so far
-        # inference.engine 'colocated': (self._broadcasts after the last update, every rank's new version and
-        # checksum from it); the next sync verifies these instead of asking again if no command ran in between.
-        self._updated_weights: tuple[int, list[dict[str, Any]]] | None = None
         self._engine_failure: BaseException | None = None
         self._rollouts = 0  # rollouts sampled so far; each one's seed derives from it (see rollout())
         self._resume: tuple[Path, dict[str, Any]] | None = None  # (checkpoint, controller state), see start()
@@ -322,39 +341,20 @@ class Session:
         if self._resume is not None:
             self._restore(self._resume[0], self._resume[1], trainer)
         self.versions.trainer_checksum = trainer["checksum"]
-        served_as_trained = (cfg.inference.dtype or cfg.model.dtype) == cfg.model.dtype
-        lora = cfg.train.lora_rank > 0
-        if cfg.inference.engine != "embedded" or self._resume is not None or lora or not served_as_trained:
-            # The server's loader gives no checksum of what it loaded from the model directory, and an attached
-            # server may hold anything: publish the trainer's v0 and verify it like every later sync. A resumed
-            # trainer is at the checkpoint's version, which the engine (loaded from model.path) is not. The
-            # colocated engine's first sync checks that every rank holds the same v0. With LoRA the engine serves
-            # the base alone until it loads the trainer's v0 adapter. An engine serving another dtype checksums the
-            # published bytes it loads, so it is verified the same way.
-            if trainer.get("base_checksum") is not None and cfg.inference.engine == "embedded":
-                # LoRA: the adapter sync verifies only the adapter; the base both sides loaded is checked here.
-                base = await self._engine().weight_info()
-                if base.checksum != trainer["base_checksum"]:
-                    raise WeightMismatchError(
-                        f"LoRA base weights differ: trainer {trainer['base_checksum'][:12]}, "
-                        f"engine {base.checksum[:12]}"
-                    )
+        # The engine checks what it loaded against the trainer's v0 where it can, else the trainer's weights are
+        # published and verified like every later sync (a resumed trainer is at the checkpoint's version).
+        verified = await self._engine().verify_initial(trainer, resumed=self._resume is not None)
+        if verified is None:
             await self.sync_weights()
         else:
-            engine_info = await self._engine().weight_info()
-            if engine_info.checksum != trainer["checksum"] or engine_info.version != trainer["version"]:
-                raise WeightMismatchError(
-                    f"initial weights differ: trainer v{trainer['version']} checksum {trainer['checksum'][:12]}, "
-                    f"engine v{engine_info.version} checksum {engine_info.checksum[:12]}"
-                )
-            self.versions.record_sync(engine_info.version, engine_info.checksum, 0.0)
+            self.versions.record_sync(verified.version, verified.checksum, 0.0)
         self._phase("ready")
         self.start_seconds["total"] = time.perf_counter() - t0 + self.start_seconds.get("checks", 0.0)
         logger.info(
             "session ready in %.1f s: %d ranks, engine %s, output %s (%s)",
             self.start_seconds["total"],
             cfg.launch.num_ranks,
-            cfg.inference.engine,
+            type(self.engine).__name__,
             self.output_dir,
             ", ".join(f"{k} {v:.2f} s" for k, v in self.start_seconds.items() if k != "total"),
         )
@@ -412,6 +412,7 @@ class Session:
         if self.special_tokens is None:
             self.special_tokens = await asyncio.to_thread(check_special_tokens, cfg, self.tokenizer)
         self.engine = await self._build_engine()
+        self._engine_watch = asyncio.get_running_loop().create_task(self._watch_engine(self.engine))
         if self._restore_threads is None:
             import torch
 
@@ -441,87 +442,28 @@ class Session:
             self.output_dir / "tensorboard", tensorboard=cfg.observe.tensorboard, dir_mode=dir_mode, file_mode=file_mode
         )
 
-    async def _build_engine(self) -> InferenceEngine:
-        """The configured engine: embedded (in this process) or vLLM (a supervised server, or attached by URL)."""
-        cfg = self.config
-        inference = cfg.inference
-        special = self.special_tokens
-        if inference.engine == "colocated":
-            from rlsdk.engine.inference.colocated import ColocatedEngine
+    async def _build_engine(self) -> SessionEngine:
+        """The configured engine (see :func:`rlsdk.engine.inference.build_engine`)."""
+        from rlsdk.engine.inference import EngineContext, build_engine
 
-            return ColocatedEngine(
-                lambda command, body: self._broadcast(command, body, timeout_s=cfg.launch.command_timeout_s),
-                cfg.launch.num_ranks,
-                pad_token_id=special.pad_token_id,
-                eos_token_id=special.eos_token_ids,
-                max_batch_size=inference.max_batch_size,
-            )
-        if inference.engine == "embedded":
-            from rlsdk.engine.inference.embedded import EmbeddedEngine
-
-            return await asyncio.to_thread(
-                EmbeddedEngine.from_pretrained,
-                cfg.model.path,
-                dtype=inference.dtype or cfg.model.dtype,
-                num_threads=inference.num_threads if inference.num_threads is not None else self._engine_threads,
-                max_batch_size=inference.max_batch_size,
-                special_tokens=special,
-            )
-        from rlsdk.engine.inference.vllm import VLLMEngine
-        from rlsdk.engine.inference.weight_transfer import (
-            NCCL_RANK_COMMAND,
-            RankCommandTrainer,
-            select_weight_transfer,
+        context = EngineContext(
+            config=self.config,
+            special_tokens=self.special_tokens,
+            trainer=_Ranks(self),
+            launcher=self._launcher,
+            runtime_dir=None if self._runtime_dir is None else self._runtime_dir.path,
+            publish_dir=self._publish_dir,
+            on_line=self._inference_line,
+            num_threads=self._engine_threads,
         )
+        return await build_engine(context)
 
-        # inference.weight_transfer 'auto': NCCL broadcast from trainer rank 0 on GPU nodes, else the file reload.
-        trainer = RankCommandTrainer(lambda body, t: self._broadcast(NCCL_RANK_COMMAND, body, timeout_s=t))
-        transfer = select_weight_transfer(cfg.launch, trainer, inference.weight_transfer)
-        url, token = inference.url, None  # an attached server's token: VLLM_API_KEY (VLLMEngine.attach)
-        if url is None and getattr(self._launcher, "vllm_replicas", 0) > 0:
-            # The Slurm job runs the replica on a node of its own; its endpoint comes back once it is healthy.
-            url = await self._launcher.wait_for_endpoint(
-                0, timeout_s=cfg.launch.start_timeout_s + inference.server_start_timeout_s
-            )
-            token = self._launcher.vllm_token
-        if url is not None:
-            engine = await VLLMEngine.attach(
-                url,
-                cfg.model.path,
-                token=token,
-                lora_rank=cfg.train.lora_rank,
-                request_timeout_s=inference.request_timeout_s,
-                sync_timeout_s=inference.sync_timeout_s,
-                transfer=transfer,
-                special_tokens=special,
-            )
-        else:
-            engine = await VLLMEngine.start(
-                cfg.model.path,
-                lora_rank=cfg.train.lora_rank,
-                kv_cache_gib=inference.kv_cache_gib,
-                max_model_len=inference.max_model_len,
-                extra_server_args=inference.extra_server_args,
-                start_timeout_s=inference.server_start_timeout_s,
-                request_timeout_s=inference.request_timeout_s,
-                sync_timeout_s=inference.sync_timeout_s,
-                on_line=self._inference_line,
-                transfer=transfer,
-                runtime_dir=self._runtime_dir.path,
-                weights_dir=self._publish_dir,
-                special_tokens=special,
-                dtype=inference.dtype or cfg.model.dtype,
-            )
-            self._engine_watch = asyncio.get_running_loop().create_task(self._watch_engine(engine))
-        return engine
-
-    async def _watch_engine(self, engine: Any) -> None:
-        """Turn an unexpected exit of the vLLM server into an error for every later call (until restart)."""
-        server = engine.server
-        code = await server.wait()
+    async def _watch_engine(self, engine: SessionEngine) -> None:
+        """Turn an unexpected exit of the engine (its server) into an error for every later call (until restart)."""
+        error = await engine.wait_failure()
         if self._closing or self.engine is not engine:
             return
-        self._engine_failure = server.error(f"exited unexpectedly (exit code {code})")
+        self._engine_failure = error
         logger.error("%s", self._engine_failure)
 
     async def restart_engine(self) -> WeightInfo:
@@ -540,8 +482,9 @@ class Session:
             with contextlib.suppress(Exception):
                 await old.close()
         self._engine_failure = None
-        logger.info("restarting the %s inference engine", self.config.inference.engine)
+        logger.info("restarting the inference engine%s", "" if old is None else f" ({type(old).__name__})")
         self.engine = await self._build_engine()
+        self._engine_watch = asyncio.get_running_loop().create_task(self._watch_engine(self.engine))
         return await self.sync_weights()
 
     def _route_child_line(self, line: str, *, role: str, component: str, level: str, version: int | None) -> None:
@@ -846,20 +789,12 @@ class Session:
         the same samples."""
         return (self.config.seed * 1_000_003 + self._rollouts) % (1 << 62)
 
-    def _plan_lookahead(self, engine: InferenceEngine) -> list[dict[str, Any]] | None:
-        """``inference.lookahead``: every rank's ``generate`` body for the batch the next default ``rollout()``
-        will ask for (the data set's next rows, the next seed), to run on the ranks right after the update;
-        ``None`` when it does not apply (not colocated, async mode, a custom workflow, no data left)."""
-        from rlsdk.engine.inference.colocated import ColocatedEngine
-        from rlsdk.workflow.single_turn import SingleTurnWorkflow
-
-        cfg = self.config
-        if not (
-            cfg.inference.lookahead
-            and cfg.rollout.mode == "sequential"
-            and isinstance(engine, ColocatedEngine)
-            and type(self.workflow) is SingleTurnWorkflow
-        ):
+    def _next_request(self) -> tuple[list[list[int]], SamplingParams] | None:
+        """The prompts and params the next default ``rollout()`` will ask the engine for (the data set's next rows,
+        drawn now and kept for it, and the next seed), for an engine that samples them right after an update
+        (the colocated engine's ``inference.lookahead``); ``None`` when they are not known yet (async mode, a
+        custom workflow, no data left)."""
+        if self.config.rollout.mode != "sequential" or type(self.workflow) is not SingleTurnWorkflow:
             return None
         if self._lookahead is None:
             before = self.prompt_sampler.state_dict()
@@ -872,12 +807,12 @@ class Session:
             self._lookahead = (rows, before)
         try:
             _, repeated, params = self.workflow.request(
-                self._lookahead[0], cfg.rollout.group_size, seed=self._rollout_seed()
+                self._lookahead[0], self.config.rollout.group_size, seed=self._rollout_seed()
             )
-            return engine.lookahead_bodies(repeated, params)
         except Exception:  # e.g. an empty prompt: the rollout() that takes these rows raises it
             logger.debug("no look-ahead: the next batch's request is invalid", exc_info=True)
             return None
+        return repeated, params
 
     async def reward(self, rollout: Rollout, reward_fn: RewardFn, *, timeout_s: float | None = None) -> Rollout:
         """Score ``rollout`` with ``reward_fn`` (sync or async, batched); returns a new Rollout with rewards.
@@ -946,9 +881,7 @@ class Session:
 
         engine = self._engine()
         cfg = self.config
-        discard_lookahead = getattr(engine, "discard_lookahead", None)
-        if discard_lookahead is not None:
-            discard_lookahead()  # sampled with the weights this update replaces
+        engine.before_train()
         if rollout.rewards_B is None:
             raise ValueError("rollout has no rewards: call `rollout = await session.reward(rollout, fn)` first")
         start = time.perf_counter()
@@ -979,15 +912,10 @@ class Session:
         shared = {
             "num_tokens": int(batch["completion_mask_B_C"].sum()),
             "num_sequences": index_B.numel(),
-            "with_checksum": cfg.inference.engine == "colocated",
             "minibatches": minibatch_normalisers(batch["completion_mask_B_C"], world, cfg.train.mini_batch_size),
         }
-        lookahead = self._plan_lookahead(engine)
-        bodies = [
-            {"shard": shard, **shared, **({"then_generate": lookahead[r]} if lookahead is not None else {})}
-            for r, shard in enumerate(shard_rows(batch, world))
-        ]
-        self._updated_weights = None
+        fields = engine.train_fields(world, self._next_request)
+        bodies = [{"shard": shard, **shared, **fields[r]} for r, shard in enumerate(shard_rows(batch, world))]
         trainer_version = self.versions.trainer_version
         reward_mean = float(rollout.rewards_B.mean())
         with CallProgress(
@@ -998,13 +926,7 @@ class Session:
             enabled=progress,
         ):
             results = await self._broadcast("update", bodies, timeout_s=cfg.launch.command_timeout_s)
-        if lookahead is not None:
-            generated = [r.pop("then_generate", None) for r in results]
-            errors = [r.pop("then_generate_error", None) for r in results]
-            if any(error is not None for error in errors):
-                logger.debug("look-ahead generation failed on the ranks (the next rollout retries): %s", errors)
-            engine.hold(None if any(g is None for g in generated) else generated)  # type: ignore[attr-defined]
-        self._record_trainer_version("update", results, shared["with_checksum"])
+        self._record_trainer_version("update", results, engine)
         stats = self._update_stats(rollout, results, stale=stale, used=index_B.numel(), began=start)
         if self.metrics is not None:
             self.metrics.log(self.step, stats)
@@ -1078,18 +1000,14 @@ class Session:
             trained_dtype="bf16 (float32 master weights)" if cfg.train.mixed_precision == "bf16" else cfg.model.dtype,
         )
 
-    def _record_trainer_version(self, command: str, results: list[dict[str, Any]], colocated: bool) -> None:
+    def _record_trainer_version(self, command: str, results: list[dict[str, Any]], engine: SessionEngine) -> None:
         """After an optimizer step on every rank (``update``, ``sft_update``): the ranks' one new version becomes the
-        trainer's, and ``session.step`` advances; colocated, the ranks' checksums wait for the next sync to verify.
+        trainer's, and ``session.step`` advances; the engine sees the results (its ``after_train`` hook).
         Raises ``VersionError`` when the ranks disagree."""
         versions = {int(r["version"]) for r in results}
         if len(versions) != 1:
             raise VersionError(f"ranks disagree on the trainer version after {command}: {sorted(versions)}")
-        if colocated:
-            self._updated_weights = (
-                self._broadcasts,
-                [{"version": r["version"], "checksum": r["checksum"]} for r in results],
-            )
+        engine.after_train(results, _Ranks(self))
         self.versions.trainer_version = versions.pop()
         set_log_context(version=self.versions.trainer_version)
         self.step += 1
@@ -1110,45 +1028,14 @@ class Session:
         """
         engine = self._engine()
         start = time.perf_counter()
-        transfer = getattr(engine, "transfer", None)
-        if self.config.inference.engine == "colocated":
-            # The ranks generate with the weights they train: nothing moves. The engine checks that every rank
-            # serves the trainer's version with the same weights (rank 0's checksum is the trainer's).
-            updated, self._updated_weights = self._updated_weights, None
-            if updated is not None and updated[0] == self._broadcasts:
-                # No command since the update, which returned every rank's new checksum: verify those.
-                info = engine.verify(self.versions.trainer_version, updated[1])
-            else:
-                info = await engine.load_weights("", self.versions.trainer_version)
-            published = {"path": "", "version": info.version, "checksum": info.checksum}
-        elif getattr(transfer, "name", None) == "nccl" and self.config.train.lora_rank == 0:
-            # GPU path: no file. The engine's transfer has trainer rank 0 broadcast (rank command
-            # broadcast_weights_nccl) and checks the workers' checksums; what rank 0 sent is verified below.
-            info = await engine.load_weights("", self.versions.trainer_version)
-            published = {"path": "", **transfer.last_sent}
-        else:
-            results = await self._broadcast(
-                "export_weights",
-                {"publish_dir": self._publish_dir, "src": 0},
-                timeout_s=self.config.launch.command_timeout_s,
-            )
-            published = results[0]
-            # LoRA: published["path"] is an adapter directory, and only it moves (rlsdk.engine.lora).
-            info = await engine.load_weights(published["path"], published["version"])
-        expected = self.versions.trainer_version
-        if info.version != expected or info.checksum != published["checksum"]:
-            raise WeightMismatchError(
-                f"engine serves v{info.version} (checksum {info.checksum[:12]}) after sync, "
-                f"trainer published v{published['version']} (checksum {published['checksum'][:12]}), "
-                f"ledger expects v{expected}"
-            )
+        info = await engine.sync(_Ranks(self), self.versions.trainer_version)
         seconds = time.perf_counter() - start
-        self.versions.trainer_checksum = published["checksum"]
+        self.versions.trainer_checksum = info.checksum
         self.versions.record_sync(info.version, info.checksum, seconds)
         if self.metrics is not None:
             sync_stats = {"time/sync_s": seconds, "version/engine": float(info.version)}
-            if published.get("bytes") is not None:  # what the sync moved (a LoRA run: the adapter only)
-                sync_stats["sync/bytes"] = float(published["bytes"])
+            if info.bytes is not None:  # what the sync moved (a LoRA run: the adapter only)
+                sync_stats["sync/bytes"] = float(info.bytes)
             self.metrics.log(self.step, sync_stats)
         logger.debug("engine now serves v%d (sync %.3f s)", info.version, seconds)
         return info
@@ -1192,24 +1079,16 @@ class Session:
                 f"an SFT batch of {rows} rows cannot be split evenly over launch.num_ranks={world} ranks: use a "
                 f"multiple of {world} (every rank runs the same number of forward/backward passes)"
             )
-        discard_lookahead = getattr(engine, "discard_lookahead", None)
-        if discard_lookahead is not None:
-            discard_lookahead()  # sampled with the weights this step replaces
-        colocated = cfg.inference.engine == "colocated"
+        engine.before_train()
         num_tokens = int(tensors["completion_mask_B_C"].sum())
+        fields = engine.train_fields(world, lambda: None)
         bodies = [
-            {
-                "shard": shard,
-                "num_tokens": num_tokens,
-                "lr": None if lr is None else float(lr),
-                "with_checksum": colocated,
-            }
-            for shard in shard_rows(tensors, world)
+            {"shard": shard, "num_tokens": num_tokens, "lr": None if lr is None else float(lr), **fields[r]}
+            for r, shard in enumerate(shard_rows(tensors, world))
         ]
-        self._updated_weights = None
         start = time.perf_counter()
         results = await self._broadcast("sft_update", bodies, timeout_s=cfg.launch.command_timeout_s)
-        self._record_trainer_version("sft_update", results, colocated)
+        self._record_trainer_version("sft_update", results, engine)
         stats = {
             "step": float(self.step),
             **sft_metrics(results, seconds=time.perf_counter() - start),
