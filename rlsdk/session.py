@@ -17,8 +17,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
-import signal
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -27,9 +25,7 @@ from typing import Any
 
 from rlsdk.config import SessionConfig, config_to_dict
 from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams, SessionEngine, WeightInfo
-from rlsdk.engine.inference.vllm_worker import WEIGHTS_DIR_ENV
-from rlsdk.engine.publish_dir import PublishDir
-from rlsdk.observe.logging import ROOT_LOGGER, RankLogRouter, capture_records, get_logger, set_log_context
+from rlsdk.observe.logging import RankLogRouter, capture_records, get_logger, set_log_context
 from rlsdk.observe.metrics import MetricsWriter
 from rlsdk.observe.rollout_metrics import completion_metrics, reward_metrics, samples_markdown, throughput_metrics
 from rlsdk.observe.status import last_batch_staleness, rank_alive
@@ -40,6 +36,8 @@ from rlsdk.preflight import check_model_files as check_model_files
 from rlsdk.preflight import load_resume_state as load_resume_state
 from rlsdk.rewards.apply import RewardFn, compute_reward_breakdown
 from rlsdk.runtime_dir import output_modes, private_dir, restrict_tree
+from rlsdk.supervisor import RunSupervisor
+from rlsdk.supervisor import rank_startup_seconds as rank_startup_seconds  # re-exported: it lived here
 from rlsdk.tasks import cancel_quietly
 from rlsdk.versioning import VersionError, VersionLedger, staleness_mask
 from rlsdk.workflow.rollout import Rollout, normalize_rows
@@ -50,28 +48,6 @@ logger = get_logger("rlsdk.session")
 
 class SessionClosedError(RuntimeError):
     """The Session was closed (or failed to start); start a new one."""
-
-
-def rank_startup_seconds(launched: float, marks: Sequence[dict[str, float] | None]) -> dict[str, float]:
-    """Where the ranks' start-up went, from the wall-clock marks each rank reports with ``init`` (see
-    ``rlsdk.worker.main``) and ``launched`` (``time.time()`` when the launcher was started): the slowest rank's
-    ``launcher`` (until its process existed: the launcher's imports and torchrun), ``rank_imports`` (Python and
-    torch imports), ``rank_connect`` (control channel), ``process_group`` (rendezvous, accelerate) and
-    ``train_engine`` (model and optimizer). Empty when a rank reported none (an older worker)."""
-    if not marks or any(m is None for m in marks):
-        return {}
-    spans = {
-        "launcher": ("launched", "process_start"),
-        "rank_imports": ("process_start", "imported"),
-        "rank_connect": ("imported", "connected"),
-        "process_group": ("connected", "process_group"),
-        "train_engine": ("init_begin", "init_end"),
-    }
-    out: dict[str, float] = {}
-    for name, (first, last) in spans.items():
-        values = [m[last] - (launched if first == "launched" else m[first]) for m in marks if m is not None]
-        out[f"ranks/{name}"] = max(values)
-    return out
 
 
 class _Ranks:
@@ -115,12 +91,8 @@ class Session:
         self.prompt_sampler: Any = None
         self._dataset: Any = None  # built by start() (check_data) before any process starts
         self.metrics: MetricsWriter | None = None
-        self._channel: Any = None
-        self._launcher: Any = None
-        self._router: RankLogRouter | None = None
-        self._log_handler: logging.Handler | None = None
-        self._supervisor: asyncio.Task[None] | None = None
-        self._liveness: asyncio.Task[None] | None = None
+        # The processes of the run: channel, launcher, log router, heartbeats, failures (rlsdk.supervisor).
+        self._run = self._new_run()
         # The model's pad and EOS ids (rlsdk.engine.inference.stopping), resolved by start() before any process
         # starts: the engines, the default workflow and the rollout joining (dynamic sampling) all use these.
         self.special_tokens: Any = None
@@ -129,21 +101,15 @@ class Session:
         # inference.lookahead: (the next batch's rows, the data position before them), drawn by update() for the
         # ranks to sample right after it; the next default rollout() or next_prompts() takes these rows.
         self._lookahead: tuple[list[dict[str, Any]], dict[str, Any]] | None = None
-        self._publish: PublishDir | None = None
-        self._publish_dir: str | None = None
-        self._runtime_dir: Any = None  # SessionRuntimeDir: private sockets and rendezvous files of one start
         self._engine_watch: asyncio.Task[None] | None = None
         # Restores the event-loop thread's torch intra-op thread count (lowered to 1 while the Session runs).
         self._restore_threads: Callable[[], None] | None = None
         self._engine_threads: int | None = None  # the embedded engine's default inference.num_threads
-        self._broadcasts = 0  # commands sent through _broadcast so far
         self._engine_failure: BaseException | None = None
         self._rollouts = 0  # rollouts sampled so far; each one's seed derives from it (see rollout())
         self._resume: tuple[Path, dict[str, Any]] | None = None  # (checkpoint, controller state), see start()
         self.resumed_from: Path | None = None  # the checkpoint this session continued from
-        self._closing = False
         self._closed = False
-        self._failure: BaseException | None = None
         self._phase: Any = lambda _phase: None  # progress hook of start(); see rlsdk.observe.progress
         self.last_trace: Any = None  # the latest TraceReport (watchdog or trace()); the dashboard's tracer view
         self.last_trace_time: float | None = None  # time.time() of last_trace
@@ -154,6 +120,49 @@ class Session:
         # ranks' own start-up, the overlapped engine load; benchmarks/session_overhead.py reports them.
         self.start_seconds: dict[str, float] = {}
         self.close_seconds: dict[str, float] = {}
+
+    def _new_run(self) -> RunSupervisor:
+        return RunSupervisor(
+            self.config, self.output_dir, on_failure=self._after_run_failed, on_trace=self._record_trace
+        )
+
+    # The run's process half, under the names the Session's own code, tests and the dashboard used before it
+    # moved to rlsdk.supervisor.
+    @property
+    def _channel(self) -> Any:
+        return self._run.channel
+
+    @property
+    def _launcher(self) -> Any:
+        return self._run.launcher
+
+    @_launcher.setter
+    def _launcher(self, launcher: Any) -> None:
+        self._run.launcher = launcher
+
+    @property
+    def _router(self) -> RankLogRouter | None:
+        return self._run.router
+
+    @property
+    def _publish_dir(self) -> str | None:
+        return self._run.publish_dir
+
+    @property
+    def _runtime_dir(self) -> Any:
+        return self._run.runtime_dir
+
+    @property
+    def _broadcasts(self) -> int:
+        return self._run.broadcasts
+
+    @property
+    def _failure(self) -> BaseException | None:
+        return self._run.failure
+
+    @property
+    def _closing(self) -> bool:
+        return self._run.closing
 
     # ------------------------------------------------------------------ start / close
     @classmethod
@@ -222,6 +231,7 @@ class Session:
         await self.close()
         fresh = type(self)(config)
         self.__dict__.update(fresh.__dict__)  # keep this object (and whoever holds it), with a new start's state
+        self._run = self._new_run()  # its hooks call this object, not `fresh`
         self._early_records = early
         await self._start_checked(checked, progress=progress, desc="Session.restart")
         for listener in listeners:
@@ -231,109 +241,26 @@ class Session:
         return self.resumed_from
 
     async def _start(self) -> None:
-        from rlsdk.control.controller import ControllerChannel
-        from rlsdk.control.protocol import new_session_secret
-        from rlsdk.launch.local import rank_environment
-        from rlsdk.launch.rendezvous import control_host, one_machine_environment
-        from rlsdk.launch.select import start_launcher
-        from rlsdk.runtime_dir import SessionRuntimeDir
-
         cfg = self.config
         t0 = time.perf_counter()
-        dir_mode, file_mode = output_modes(cfg.observe.output_mode)
-        private_dir(self.output_dir, mode=dir_mode)  # 0700 by default: no other user reads logs or checkpoints
-        for sub in ("traces", "checkpoints"):
-            private_dir(self.output_dir / sub, mode=dir_mode)
-        level = logging.getLevelName(cfg.observe.log_level)
-        self._router = RankLogRouter(
-            self.output_dir / "logs", console=cfg.observe.console, level=level, dir_mode=dir_mode, file_mode=file_mode
-        )
-        self._log_handler = self._router.controller_handler()
-        root = logging.getLogger(ROOT_LOGGER)
-        root.addHandler(self._log_handler)
-        root.setLevel(level)
-        set_log_context(rank=None, world_size=cfg.launch.num_ranks, version=0, role="controller")
-        for record in self._early_records:  # logged by the pre-start checks, before this handler existed
-            self._log_handler.handle(record)
+        self._run.open_logs(self._early_records)  # the records the pre-start checks logged come first
         self._early_records = []
-
-        # Private (0700) home of the session's Unix sockets (control channel, a started vLLM server) and the ranks'
-        # rendezvous files; removed by close().
-        self._runtime_dir = SessionRuntimeDir()
-        # Before the launcher: a vLLM replica the job starts loads weights only from here. Swept by the next
-        # Session if this process is killed before close() removes it (see publish_dir).
-        self._publish = PublishDir()
-        self._publish_dir = self._publish.path
-        secret = new_session_secret()
-        session_id = uuid.uuid4().hex[:12]
-        host = control_host(cfg.launch)  # None: a Unix socket in the runtime directory, no TCP port
-        channel_cls: type[ControllerChannel] = ControllerChannel
-        channel_kwargs: dict[str, Any] = {}
-        if cfg.launch.tracer:  # the hang watchdog: see rlsdk/debug/watchdog.py
-            from rlsdk.debug.watchdog import WatchedControllerChannel
-
-            channel_cls = WatchedControllerChannel
-            channel_kwargs = {
-                "hang_timeout_s": cfg.launch.hang_timeout_s,
-                "hang_policy": cfg.launch.hang_policy,
-                "traces_dir": self.output_dir / "traces",
-                "world_size": cfg.launch.num_ranks,
-                "on_report": self._record_trace,
-                "trace_poll_s": cfg.launch.trace_poll_s,
-            }
-        self._channel = channel_cls(
-            secret,
-            session_id,
-            host=host,
-            socket_dir=None if host is not None else self._runtime_dir.path,
-            heartbeat_interval_s=cfg.launch.heartbeat_interval_s,
-            on_log=self._router.handle,
-            **channel_kwargs,
-        )
-        await self._channel.start()
-        env = rank_environment(
-            os.environ,
-            {
-                "RLSDK_CONTROL_ADDR": self._channel.address,
-                "RLSDK_SESSION_SECRET": secret.hex(),
-                "RLSDK_SESSION_ID": session_id,
-                "RLSDK_HEARTBEAT_INTERVAL_S": cfg.launch.heartbeat_interval_s,
-                "RLSDK_HEARTBEAT_TIMEOUT_S": cfg.launch.heartbeat_timeout_s,
-                "RLSDK_THREADS_PER_RANK": cfg.launch.threads_per_rank,
-                "RLSDK_LOG_LEVEL": level,
-                "OMP_NUM_THREADS": cfg.launch.threads_per_rank,
-                "RLSDK_TRACER": int(cfg.launch.tracer),
-                "RLSDK_SHM_ALLREDUCE": int(cfg.launch.shm_allreduce),
-                "RLSDK_PG_TIMEOUT_S": "" if cfg.launch.pg_timeout_s is None else cfg.launch.pg_timeout_s,
-                "RLSDK_TRACE_DIR": self.output_dir / "traces" / "live",
-                WEIGHTS_DIR_ENV: self._publish_dir,  # for vLLM replicas a cluster job starts
-                "RLSDK_UMASK": oct(0o777 & ~dir_mode),  # what the ranks write gets observe.output_mode
-                **(one_machine_environment(self._runtime_dir.path) if cfg.launch.scheduler == "local" else {}),
-            },
-        )
+        env = await self._run.open_channel()
         self._phase("launching ranks")
         self.start_seconds["setup"] = time.perf_counter() - t0
         launched = time.time()
-        self._launcher = await start_launcher(
-            cfg.launch, env, output_dir=self.output_dir, on_line=self._launcher_line, config=cfg
-        )
-        self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
+        await self._run.launch(env)
 
         # The engine loads while the ranks import torch and form their process group.
         engine_task = asyncio.get_running_loop().create_task(self._start_engine())
         try:
             self._phase("loading engine, ranks connecting")
-            self.rank_info = await self._channel.wait_for_ranks(cfg.launch.num_ranks, cfg.launch.start_timeout_s)
-            self._launcher.rank_pids = [info["pid"] for info in self.rank_info.values()]
-            self._phase("initialising ranks")
             init: dict[str, Any] = {"config": config_to_dict(cfg)}
             if self._resume is not None:
                 init["resume_from"] = str(self._resume[0])
-            results = await self._channel.broadcast("init", init, timeout_s=cfg.launch.start_timeout_s)
+            results = await self._run.init_ranks(init, on_connected=lambda: self._phase("initialising ranks"))
+            self.rank_info = self._run.rank_info
             self.start_seconds.update(rank_startup_seconds(launched, [r.pop("startup", None) for r in results]))
-            # Liveness from here on: during start-up the ranks import and load while holding the GIL for long
-            # stretches (their heartbeats wait), and launch.start_timeout_s bounds it.
-            self._liveness = asyncio.get_running_loop().create_task(self._watch_heartbeats())
         finally:
             await engine_task
         trainer = results[0]
@@ -451,7 +378,7 @@ class Session:
             special_tokens=self.special_tokens,
             trainer=_Ranks(self),
             launcher=self._launcher,
-            runtime_dir=None if self._runtime_dir is None else self._runtime_dir.path,
+            runtime_dir=None if self._run.runtime_dir is None else self._run.runtime_dir.path,
             publish_dir=self._publish_dir,
             on_line=self._inference_line,
             num_threads=self._engine_threads,
@@ -487,160 +414,26 @@ class Session:
         self._engine_watch = asyncio.get_running_loop().create_task(self._watch_engine(self.engine))
         return await self.sync_weights()
 
-    def _route_child_line(self, line: str, *, role: str, component: str, level: str, version: int | None) -> None:
-        """Show a line a child process printed (launcher, inference server) in the rank-tagged log stream."""
-        if self._router is None or not line.strip():
-            return
-        self._router.handle(
-            {
-                "time": time.time(),
-                "level": level,
-                "levelno": logging.getLevelName(level),
-                "logger": f"rlsdk.{role}",
-                "component": component,
-                "rank": None,
-                "world_size": self.config.launch.num_ranks,
-                "version": version,
-                "role": role,
-                "message": line,
-            }
-        )
-
     def _inference_line(self, line: str) -> None:
         level = next((name for name in ("ERROR", "WARNING", "CRITICAL") if f" {name} " in line), "INFO")
-        self._route_child_line(
+        self._run.route_child_line(
             line, role="inference", component="vllm", level=level, version=self.versions.engine_version
         )
 
-    def _launcher_line(self, line: str) -> None:
-        self._route_child_line(line, role="launcher", component="launch", level="INFO", version=None)
-
-    async def _supervise(self) -> None:
-        """Turn an unexpected exit of the rank processes into an error for whoever waits on them."""
-        await self._launcher.wait()
-        if self._closing:
-            return
-        await self._fail_run(self._launcher.error(rank_log_lines=self._rank_log_tail))
-
-    async def _watch_heartbeats(self) -> None:
-        """Fail the run when a rank sends no heartbeat for ``launch.heartbeat_timeout_s`` (stopped, hung holding
-        the GIL, swapped out): its peers would wait for it forever in their next collective."""
-        from rlsdk.control.errors import RankUnresponsiveError
-
-        cfg = self.config.launch
-        period = min(cfg.heartbeat_interval_s, 1.0)
-        loop = asyncio.get_running_loop()
-        while not self._closing and self._failure is None:
-            before = loop.time()
-            await asyncio.sleep(period)
-            if loop.time() - before > period + cfg.heartbeat_timeout_s / 2:
-                continue  # this event loop was blocked (a long synchronous cell): let queued heartbeats in first
-            current = self._channel.current_commands()
-            for rank, age in self._channel.heartbeat_ages().items():
-                if age > cfg.heartbeat_timeout_s:
-                    pid = self.rank_info.get(rank, {}).get("pid")
-                    error = RankUnresponsiveError(
-                        rank, pid, age, cfg.heartbeat_timeout_s, current.get(rank), self._rank_log_tail(rank)
-                    )
-                    await self._fail_run(error)
-                    return
-
-    def _rank_log_tail(self, rank: int, count: int = 20) -> list[str]:
-        """The last ``count`` log records rank ``rank`` shipped, as ``LEVEL message`` lines."""
-        if self._router is None:
-            return []
-        records = [r for r in self._router.recent_records() if r.get("rank") == rank]
-        return [f"{r.get('level')} {r.get('message')}" for r in records[-count:]]
-
-    async def _fail_run(self, error: BaseException) -> None:
-        """A fatal fault: remember it, fail every waiting call with it, and stop every process of the run at once
-        (SIGKILL: a failed run has nothing to flush). The Session stays usable through :meth:`restart`."""
-        if self._closing or self._failure is not None:
-            return
-        self._failure = error
-        logger.error("%s", error)
-        self._channel.fail_pending(error)
+    async def _after_run_failed(self) -> None:
+        """After a fatal fault stopped the ranks (RunSupervisor.fail): stop what runs on top of them."""
         await self._stop_prefetch()
-        hung = getattr(self._channel, "hung", None)
-        if hung is not None:
-            hung.task.cancel()
-            self._channel.hung = None
-        if self._launcher is not None:
-            for pid in self._launcher.rank_pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            await self._launcher.stop(grace_s=3.0)
         await cancel_quietly(self._engine_watch)
         self._engine_watch = None
         if self.engine is not None:
             with contextlib.suppress(Exception):
                 await self.engine.close()
-        logger.error("every process of the run was stopped; `await session.restart()` resumes from the last checkpoint")
 
     async def _broadcast(
         self, command: str, body: dict[str, Any] | list[dict[str, Any]] | None = None, *, timeout_s: float | None
     ) -> list[Any]:
-        """``channel.broadcast``, failing the run when a rank raised while another is still inside the command."""
-        from rlsdk.control.errors import RankDisconnectedError, RankError
-
-        self._broadcasts += 1
-        try:
-            return await self._channel.broadcast(command, body, timeout_s=timeout_s)
-        except RankDisconnectedError as exc:
-            # A rank process is gone before its launcher exited: let the supervisor name the rank and its signal.
-            if self._supervisor is not None and self._failure is None:
-                with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
-                    await asyncio.wait_for(asyncio.shield(self._supervisor), timeout=10.0)
-            if self._failure is not None:
-                raise self._failure from exc
-            raise
-        except RankError as exc:
-            await self._after_rank_error(exc)
-            if self._failure is not None and self._failure is not exc:
-                raise self._failure from exc  # the root cause (a rank died), not its peer's broken connection
-            raise
-
-    async def _after_rank_error(self, exc: Any) -> None:
-        """After rank ``exc.rank`` raised in ``exc.command``: if every rank left the command (all raised, or the
-        others finished) the ranks are still in step and the Session stays usable. A rank still inside it after
-        a grace period (3 s) is waiting for the failed one in a collective and never returns, and a rank that
-        does not answer at all has died: either way the run is failed and stopped, and the error says so."""
-        from rlsdk.control.protocol import CURRENT_QUERY
-
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 3.0
-        inside: list[int] = []
-        while self._failure is None:
-            try:  # the ranks' event threads answer even while their main thread is stuck in a collective
-                answers = await self._channel.query_events(CURRENT_QUERY, timeout_s=1.0)
-            except Exception:
-                return
-            inside = [
-                rank
-                for rank in range(self.config.launch.num_ranks)
-                if rank != exc.rank
-                and (
-                    rank not in answers
-                    or (
-                        isinstance(answers[rank], dict)
-                        # inside the command, or not reached by it yet (it will enter, and wait)
-                        and (answers[rank].get("seq") == exc.seq or answers[rank].get("received", exc.seq) < exc.seq)
-                    )
-                )
-            ]
-            if not inside:
-                return
-            if loop.time() >= deadline:
-                break
-            await asyncio.sleep(0.1)
-        if self._failure is not None:
-            return
-        exc.add_note(
-            f"rank(s) {inside} were still inside {exc.command!r} (or not answering) 3 s later, waiting for rank "
-            f"{exc.rank} in a collective it will never join: every process of the run was stopped. "
-            "`await session.restart()` resumes from the last checkpoint."
-        )
-        await self._fail_run(exc)
+        """A command to every rank (see :meth:`RunSupervisor.broadcast`: a fault fails the run)."""
+        return await self._run.broadcast(command, body, timeout_s=timeout_s)
 
     def _engine(self) -> InferenceEngine:
         if self._failure is not None and not self._closed:
@@ -658,7 +451,7 @@ class Session:
         """Stop the ranks and the engine, flush metrics and logs. Idempotent; nothing of the run stays alive."""
         if self._closed:
             return
-        self._closing = True
+        self._run.closing = True
         began = mark = time.perf_counter()
 
         def lap(name: str) -> None:
@@ -668,23 +461,10 @@ class Session:
             mark = now
 
         await self._stop_prefetch()
-        hung = getattr(self._channel, "hung", None)
-        if hung is not None:  # terminating a hung command: its ranks are shut down below
-            hung.task.cancel()
-            self._channel.hung = None
         lap("prefetch")
-        if self._channel is not None:
-            with contextlib.suppress(Exception):
-                await self._channel.shutdown_ranks()
-        if self._launcher is not None:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._launcher.proc.wait()), timeout=5.0)
-            await self._launcher.stop()
+        await self._run.stop_ranks()
         lap("ranks_exit")
-        await cancel_quietly(self._liveness)
-        await cancel_quietly(self._supervisor)
-        if self._channel is not None:
-            await self._channel.close()
+        await self._run.close_channel()
         await cancel_quietly(self._engine_watch)
         lap("channel")
         if self.engine is not None:
@@ -695,15 +475,9 @@ class Session:
             self._restore_threads = None
         if self.metrics is not None:
             self.metrics.close()
-        if self._publish is not None:
-            self._publish.remove()
-        if self._runtime_dir is not None:
-            self._runtime_dir.remove()
+        self._run.remove_dirs()
         logger.info("session closed")
-        if self._log_handler is not None:
-            logging.getLogger(ROOT_LOGGER).removeHandler(self._log_handler)
-        if self._router is not None:
-            self._router.close()
+        self._run.close_logs()
         lap("metrics_logs")
         self.close_seconds["total"] = time.perf_counter() - began
         self._closed = True
@@ -1014,11 +788,7 @@ class Session:
 
     def _update_progress(self) -> tuple[int, int] | None:
         """Micro-batches done / total, summed over the ranks whose heartbeat reports the running update."""
-        current = self._channel.current_commands()
-        reported = [p for rank, p in self._channel.command_progress().items() if p and current.get(rank) == "update"]
-        if not reported:
-            return None
-        return sum(done for done, _ in reported), sum(total for _, total in reported)
+        return self._run.command_progress("update")
 
     async def sync_weights(self) -> WeightInfo:
         """Publish the trainer's weights to the engine; verify it serves the trainer's version and checksum.
