@@ -28,7 +28,7 @@ from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams, Ses
 from rlsdk.observe.logging import RankLogRouter, capture_records, get_logger, set_log_context
 from rlsdk.observe.metrics import MetricsWriter
 from rlsdk.observe.rollout_metrics import completion_metrics, reward_metrics, samples_markdown, throughput_metrics
-from rlsdk.observe.status import last_batch_staleness, rank_alive
+from rlsdk.observe.status import last_batch_staleness
 from rlsdk.preflight import check_before_start, check_special_tokens
 from rlsdk.preflight import check_data as check_data  # re-exported: imported from here before rlsdk.preflight
 from rlsdk.preflight import check_model_dir as check_model_dir
@@ -1002,19 +1002,9 @@ class Session:
     async def trace(self, *, timeout_s: float = 2.0) -> Any:
         """Every rank's collective trace and thread stacks, compared now: a ``TraceReport`` (``print`` it, or
         show it in a notebook). Works while a command is stuck. Needs ``launch.tracer`` (else: stacks only)."""
-        from rlsdk.debug.analyze import analyze
-        from rlsdk.debug.watchdog import collect_states
-
         if self._channel is None or self._closed:
             raise SessionClosedError("the session is closed; start a new one with Session.start(config)")
-        if hasattr(self._channel, "trace"):  # the watchdog's channel (launch.tracer); it calls _record_trace
-            return await self._channel.trace(timeout_s=timeout_s)
-        states = await collect_states(
-            self._channel, self.config.launch.num_ranks, timeout_s, tail_dir=self.output_dir / "traces" / "live"
-        )
-        report = await asyncio.to_thread(analyze, states)
-        self._record_trace(report)
-        return report
+        return await self._run.trace(timeout_s)
 
     def _record_trace(self, report: Any) -> None:
         self.last_trace = report
@@ -1024,10 +1014,7 @@ class Session:
     def hung_command(self) -> Any:
         """The command the hang watchdog reported (a :class:`~rlsdk.debug.watchdog.HungCommand`: ``command``,
         ``report``, ``path``, ``seconds``) while it is still pending on the ranks; ``None`` otherwise."""
-        hung = getattr(self._channel, "hung", None)
-        if hung is not None and hung.task.done():
-            return None
-        return hung
+        return self._run.hung_command()
 
     async def keep_waiting(self, timeout_s: float | None = None) -> list[Any]:
         """After a ``CollectiveHangError``: wait on the hung command (still watched), instead of terminating the
@@ -1039,55 +1026,25 @@ class Session:
         """
         if self._channel is None or self._closed:
             raise SessionClosedError("the session is closed; start a new one with Session.start(config)")
-        if not hasattr(self._channel, "keep_waiting"):
-            raise RuntimeError("keep_waiting needs the hang watchdog (launch.tracer=True and launch.hang_timeout_s)")
-        return await self._channel.keep_waiting(timeout_s)
+        return await self._run.keep_waiting(timeout_s)
 
     def status(self) -> dict[str, Any]:
         """Ranks (pid, heartbeat age, current command and its ``(done, total)`` progress, alive), versions, the
         last batch's staleness verdict (``last_batch``: see :func:`rlsdk.observe.status.last_batch_staleness`),
         the latest collective trace's headline (``trace``) and a command the watchdog reported hung (``hung``),
         for humans and dashboards."""
-        from rlsdk.observe.status import diverged_at
+        from rlsdk.observe.status import hung_summary, trace_summary
 
-        ages = self._channel.heartbeat_ages() if self._channel is not None else {}
-        current = self._channel.current_commands() if self._channel is not None else {}
-        progress = self._channel.command_progress() if self._channel is not None else {}
-        trace = self.last_trace
         return {
             "closed": self._closed,
             "failure": None if self._failure is None else str(self._failure).splitlines()[0],
-            "ranks": {
-                rank: {
-                    "pid": info.get("pid"),
-                    "heartbeat_age_s": ages.get(rank),
-                    "command": current.get(rank),
-                    "progress": progress.get(rank),
-                    "alive": not self._closed
-                    and rank_alive(info.get("pid"), ages.get(rank), self.config.launch.heartbeat_timeout_s),
-                }
-                for rank, info in self.rank_info.items()
-            },
+            "ranks": self._run.rank_status(running=not self._closed),
             "trainer_version": self.versions.trainer_version,
             "engine_version": self.versions.engine_version,
             "in_sync": self.versions.in_sync,
             "step": self.step,
-            "trace": None
-            if trace is None
-            else {
-                "time": self.last_trace_time,
-                "ok": trace.ok,
-                "headline": str(trace).splitlines()[0],
-                "diverged": diverged_at(trace),
-            },
-            "hung": None
-            if self.hung_command is None
-            else {
-                "command": self.hung_command.command,
-                "seconds": self.hung_command.seconds,
-                "kind": getattr(self.hung_command.report.divergence, "kind", None),
-                "path": None if self.hung_command.path is None else str(self.hung_command.path),
-            },
+            "trace": trace_summary(self.last_trace, self.last_trace_time),
+            "hung": hung_summary(self.hung_command),
             "last_batch": last_batch_staleness(
                 self.metrics.history if self.metrics is not None else (), self.config.rollout.max_staleness
             ),

@@ -240,6 +240,27 @@ class RunSupervisor:
             return None
         return sum(done for done, _ in reported), sum(total for _, total in reported)
 
+    def rank_status(self, *, running: bool) -> dict[int, dict[str, Any]]:
+        """Per rank: pid, heartbeat age, current command and its ``(done, total)`` progress, and whether it is
+        alive (``running``: the Session is not closed)."""
+        from rlsdk.observe.status import rank_alive
+
+        channel = self.channel
+        ages = channel.heartbeat_ages() if channel is not None else {}
+        current = channel.current_commands() if channel is not None else {}
+        progress = channel.command_progress() if channel is not None else {}
+        timeout_s = self.config.launch.heartbeat_timeout_s
+        return {
+            rank: {
+                "pid": info.get("pid"),
+                "heartbeat_age_s": ages.get(rank),
+                "command": current.get(rank),
+                "progress": progress.get(rank),
+                "alive": running and rank_alive(info.get("pid"), ages.get(rank), timeout_s),
+            }
+            for rank, info in self.rank_info.items()
+        }
+
     # ------------------------------------------------------------------ faults
     async def _supervise(self) -> None:
         """Turn an unexpected exit of the rank processes into an error for whoever waits on them."""
@@ -364,6 +385,35 @@ class RunSupervisor:
                 )
             )
         ]
+
+    # ------------------------------------------------------------------ hangs (see rlsdk/debug)
+    async def trace(self, timeout_s: float) -> Any:
+        """Every rank's collective trace and thread stacks, compared now (a ``TraceReport``, also given to
+        ``on_trace``). The watchdog's channel (``launch.tracer``) traces itself; else stacks only."""
+        from rlsdk.debug.analyze import analyze
+        from rlsdk.debug.watchdog import collect_states
+
+        if hasattr(self.channel, "trace"):  # the watchdog's channel: it reports to on_trace
+            return await self.channel.trace(timeout_s=timeout_s)
+        states = await collect_states(
+            self.channel, self.config.launch.num_ranks, timeout_s, tail_dir=self.output_dir / "traces" / "live"
+        )
+        report = await asyncio.to_thread(analyze, states)
+        self._on_trace(report)
+        return report
+
+    def hung_command(self) -> Any:
+        """The command the hang watchdog reported while it is still pending on the ranks; None otherwise."""
+        hung = getattr(self.channel, "hung", None)
+        if hung is not None and hung.task.done():
+            return None
+        return hung
+
+    async def keep_waiting(self, timeout_s: float | None) -> list[Any]:
+        """Wait on the hung command (still watched); see ``Session.keep_waiting``."""
+        if not hasattr(self.channel, "keep_waiting"):
+            raise RuntimeError("keep_waiting needs the hang watchdog (launch.tracer=True and launch.hang_timeout_s)")
+        return await self.channel.keep_waiting(timeout_s)
 
     # ------------------------------------------------------------------ close
     async def stop_ranks(self) -> None:
