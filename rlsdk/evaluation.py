@@ -117,3 +117,44 @@ def eval_workflow(workflow: Any, *, greedy: bool) -> Any:
     greedy_workflow = copy.copy(workflow)
     greedy_workflow.params = dataclasses.replace(params, temperature=0.0)
     return greedy_workflow
+
+
+def check_eval_args(n: int, greedy: bool, prefix: str) -> None:
+    """Raise ``ValueError`` for ``n < 1``, ``greedy`` with ``n > 1`` (greedy samples are equal) or a ``prefix``
+    that is empty or holds '/' (it is the metrics' namespace)."""
+    if n < 1 or (greedy and n != 1):
+        raise ValueError(f"n={n!r} is invalid: allowed an int >= 1, and 1 with greedy=True (samples are equal)")
+    if not prefix or "/" in prefix:
+        raise ValueError(f"prefix={prefix!r} is invalid: allowed a non-empty metric namespace without '/'")
+
+
+def eval_metrics(
+    rollout: Any,
+    *,
+    n: int,
+    pass_threshold: float,
+    max_new_tokens: int,
+    eos_token_ids: Any,
+    engine_version: int,
+    seconds: float,
+    prefix: str = "eval",
+) -> dict[str, float]:
+    """An evaluation's metrics from its rewarded ``rollout`` (``n`` samples per prompt): ``PREFIX/reward_mean``,
+    ``PREFIX/reward_std``, ``PREFIX/pass@1`` (samples whose reward >= ``pass_threshold``), ``PREFIX/pass@n``
+    (n > 1), the ``PREFIX/completion/*`` lengths and rates, ``PREFIX/num_prompts``, ``PREFIX/engine_version``
+    (the oldest version that sampled, else ``engine_version``) and ``PREFIX/seconds``."""
+    from rlsdk.observe.rollout_metrics import completion_metrics, pass_metrics, reward_metrics
+
+    metrics = {
+        **{k.replace("reward/", "eval/reward_", 1): v for k, v in reward_metrics(rollout).items()},
+        **pass_metrics(rollout.rewards_B, n, threshold=pass_threshold),
+        **completion_metrics(
+            rollout, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids, prefix="eval/completion"
+        ),
+        "eval/num_prompts": float(len(rollout.rows)),
+        "eval/engine_version": float(min(rollout.versions) if rollout.versions else engine_version),
+        "eval/seconds": seconds,
+    }
+    if prefix != "eval":
+        metrics = {prefix + key[len("eval") :]: value for key, value in metrics.items()}
+    return metrics

@@ -17,32 +17,35 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
-import signal
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlsdk.config import ConfigError, SessionConfig, config_to_dict
-from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams, WeightInfo
-from rlsdk.engine.inference.vllm_worker import WEIGHTS_DIR_ENV
-from rlsdk.engine.publish_dir import PublishDir
-from rlsdk.observe.logging import ROOT_LOGGER, RankLogRouter, capture_records, get_logger, set_log_context
+from rlsdk.config import SessionConfig, config_to_dict
+from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams, SessionEngine, WeightInfo
+from rlsdk.observe.logging import RankLogRouter, capture_records, get_logger, set_log_context
 from rlsdk.observe.metrics import MetricsWriter
 from rlsdk.observe.rollout_metrics import (
-    agreement_metrics,
     completion_metrics,
     current_rows_B_C,
     reward_metrics,
     samples_markdown,
     throughput_metrics,
 )
-from rlsdk.observe.status import last_batch_staleness, rank_alive
+from rlsdk.observe.status import last_batch_staleness
+from rlsdk.preflight import check_before_start, check_special_tokens
+from rlsdk.preflight import check_data as check_data  # re-exported: imported from here before rlsdk.preflight
+from rlsdk.preflight import check_model_dir as check_model_dir
+from rlsdk.preflight import check_model_files as check_model_files
+from rlsdk.preflight import load_resume_state as load_resume_state
 from rlsdk.rewards.apply import RewardFn, compute_reward_breakdown
 from rlsdk.runtime_dir import output_modes, private_dir, restrict_tree
-from rlsdk.versioning import VersionError, VersionLedger, WeightMismatchError, staleness_mask
+from rlsdk.supervisor import RunSupervisor
+from rlsdk.supervisor import rank_startup_seconds as rank_startup_seconds  # re-exported: it lived here
+from rlsdk.tasks import cancel_quietly
+from rlsdk.versioning import VersionError, VersionLedger, staleness_mask
 from rlsdk.workflow.rollout import Rollout, normalize_rows
 from rlsdk.workflow.single_turn import RolloutWorkflow, SingleTurnWorkflow
 
@@ -53,188 +56,26 @@ class SessionClosedError(RuntimeError):
     """The Session was closed (or failed to start); start a new one."""
 
 
-def check_model_dir(path: str) -> None:
-    """Fail before any process starts when ``model.path`` is not a local transformers model directory."""
-    model_dir = Path(path)
-    if not model_dir.is_dir():
-        raise ConfigError("model.path", path, "an existing local directory holding a transformers causal LM")
-    if not (model_dir / "config.json").is_file():
-        raise ConfigError(
-            "model.path",
-            path,
-            "a directory with config.json (a transformers model saved with save_pretrained)",
-        )
+class _Ranks:
+    """The Session's train ranks as an engine sees them (:class:`~rlsdk.engine.inference.protocol.TrainerHandle`)."""
 
+    def __init__(self, session: Session) -> None:
+        self._session = session
 
-def check_model_files(config: SessionConfig) -> Any:
-    """Load ``model.path``'s config and tokenizer before any process starts (the ranks and the engine would
-    fail on them later); returns the tokenizer. Raises ``ConfigError`` naming ``model.path`` and the cause."""
-    from transformers import AutoConfig, AutoTokenizer
+    @property
+    def commands_sent(self) -> int:
+        return self._session._broadcasts
 
-    path, remote = config.model.path, config.model.trust_remote_code
-    try:
-        AutoConfig.from_pretrained(path, trust_remote_code=remote)
-    except Exception as exc:
-        raise ConfigError(
-            "model.path", path, f"a directory whose config.json transformers can load ({type(exc).__name__}: {exc})"
-        ) from exc
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=remote)
-    except Exception as exc:
-        raise ConfigError(
-            "model.path", path, f"a directory holding the model's tokenizer files ({type(exc).__name__}: {exc})"
-        ) from exc
-    # transformers builds an empty tokenizer from a directory without tokenizer files instead of raising.
-    if not tokenizer("a 0", add_special_tokens=False)["input_ids"]:
-        raise ConfigError(
-            "model.path",
-            path,
-            "a directory holding the model's tokenizer files (the tokenizer built from it has no vocabulary: "
-            "tokenizer.json or the vocabulary files are missing)",
-        )
-    return tokenizer
+    async def broadcast(
+        self, command: str, body: dict[str, Any] | list[dict[str, Any]] | None = None, *, timeout_s: float | None
+    ) -> list[Any]:
+        return await self._session._broadcast(command, body, timeout_s=timeout_s)
 
-
-def check_data(config: SessionConfig) -> tuple[Any, Any]:
-    """Build the configured prompt data set before any process starts; returns ``(dataset, tokenizer)``.
-
-    The tokenizer (from ``model.path``) is loaded only when the data needs it (``data.chat_template`` or
-    ``data.max_prompt_tokens``), else ``None``. Raises ``ConfigError`` naming the ``data.*`` field: a missing or
-    unsupported ``path``, an absent ``prompt_column`` (listing the columns found), empty prompts, a tokenizer
-    without a chat template, a token budget that keeps no prompt.
-    """
-    from rlsdk.data.prepare import build_prompt_dataset, data_needs_tokenizer
-
-    tokenizer = None
-    if data_needs_tokenizer(config.data):
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(config.model.path, trust_remote_code=config.model.trust_remote_code)
-    return build_prompt_dataset(config.data, seed=config.seed, tokenizer=tokenizer), tokenizer
-
-
-def load_resume_state(config: SessionConfig) -> tuple[Path, dict[str, Any]] | None:
-    """Find and verify the checkpoint ``train.resume_from`` names, before any process starts; ``None`` when not
-    resuming ('auto' without a complete checkpoint under ``observe.output_dir`` starts fresh). Returns
-    ``(directory, state)``: ``state`` holds the controller's parts (``ledger``, ``data``, ``session``: step and
-    rollout counters, None in checkpoints written before they were saved).
-
-    Raises ``ConfigError`` naming ``train.resume_from`` (missing directory, no manifest.json, not signed with this
-    user's key, a checksum that does not match, an unlisted file or a path leaving the directory, see
-    :func:`rlsdk.engine.train.checkpoint.resolve_checkpoint`), ``launch.num_ranks`` (the
-    checkpoint has another rank count) or ``train.parallelism`` (another optimizer state layout).
-    """
-    import json
-
-    import yaml
-
-    from rlsdk.engine.train.checkpoint import resolve_checkpoint
-
-    if config.train.resume_from is None:
-        return None
-    resume_from = config.train.resume_from
-    if resume_from == "auto":
-        from rlsdk.engine.train.checkpoint import complete_checkpoints
-
-        if not complete_checkpoints(Path(config.observe.output_dir) / "checkpoints"):
-            logger.info("train.resume_from='auto': no checkpoint under %s, starting fresh", config.observe.output_dir)
-            return None
-        resume_from = "latest"
-    directory = resolve_checkpoint(resume_from, Path(config.observe.output_dir))
-    for name in ("config.yaml", "ledger.json", "data_state.json"):
-        if not (directory / name).is_file():  # verified: a file that is there is listed in the signed manifest
-            raise ConfigError("train.resume_from", config.train.resume_from, f"a checkpoint with {name}")
-    saved = yaml.safe_load((directory / "config.yaml").read_text(encoding="utf-8"))
-    # TODO(train): resuming on another rank count (re-seeding the ranks' generators) or converting the optimizer
-    # state between 'ddp' and 'fsdp2' layouts is undecided; refuse rather than continue inexactly.
-    ranks = saved.get("launch", {}).get("num_ranks")
-    if ranks is not None and ranks != config.launch.num_ranks:
-        raise ConfigError(
-            "launch.num_ranks", config.launch.num_ranks, f"{ranks}, the rank count of checkpoint {directory}"
-        )
-    lora_rank = saved.get("train", {}).get("lora_rank", 0)
-    if lora_rank != config.train.lora_rank:
-        raise ConfigError(
-            "train.lora_rank", config.train.lora_rank, f"{lora_rank}, the LoRA rank of checkpoint {directory}"
-        )
-    parallelism = saved.get("train", {}).get("parallelism", "ddp")
-    if parallelism != config.train.parallelism:
-        raise ConfigError(
-            "train.parallelism", config.train.parallelism, f"{parallelism!r}, the parallelism of checkpoint {directory}"
-        )
-    session_file = directory / "session.json"
-    state = {
-        "ledger": json.loads((directory / "ledger.json").read_text(encoding="utf-8")),
-        "data": json.loads((directory / "data_state.json").read_text(encoding="utf-8")),
-        "session": json.loads(session_file.read_text(encoding="utf-8")) if session_file.is_file() else None,
-    }
-    return directory, state
-
-
-def check_special_tokens(config: SessionConfig, tokenizer: Any) -> Any:
-    """Resolve the model's pad and EOS ids before any process starts (see :mod:`rlsdk.engine.inference.stopping`:
-    pad = EOS when the tokenizer has none, as TRL does) and give ``tokenizer`` that pad token; returns the
-    :class:`~rlsdk.engine.inference.stopping.SpecialTokens` every engine, workflow and the rollout joining use.
-    Raises ``ConfigError`` naming ``model.path`` when the model names no EOS token."""
-    from rlsdk.engine.inference.stopping import apply_pad_rule, resolve_special_tokens
-
-    try:
-        special = resolve_special_tokens(config.model.path, tokenizer)
-    except ValueError as exc:
-        raise ConfigError("model.path", config.model.path, f"a model with an EOS token ({exc})") from exc
-    apply_pad_rule(tokenizer, special)
-    return special
-
-
-async def _check_before_start(config: SessionConfig) -> tuple[tuple[Path, dict[str, Any]] | None, Any, Any, Any]:
-    """Everything :meth:`Session.start` checks before a process starts: model path, checkpoint, data set, the
-    model's special tokens. Records logged meanwhile (e.g. prompts dropped by ``data.max_prompt_tokens``) are kept
-    and shown once the Session's logging is set up."""
-    from rlsdk.data.prepare import data_needs_tokenizer
-    from rlsdk.engine.lora import check_peft_installed
-
-    check_model_dir(config.model.path)
-    check_peft_installed(config.train.lora_rank)
-    if config.inference.engine == "vllm":
-        from rlsdk.engine.inference.vllm import check_before_start
-
-        await asyncio.to_thread(check_before_start, config)
-    resume = await asyncio.to_thread(load_resume_state, config)
-    dataset = tokenizer = None
-    if config.data.task == "file" or data_needs_tokenizer(config.data):
-        dataset, tokenizer = await asyncio.to_thread(check_data, config)
-    # else: a generated task, valid by construction (its fields are checked by DataConfig): built while the ranks
-    # start (Session._start_engine), off the start-up's critical path (the `datasets` import and the rows).
-    if tokenizer is None:
-        tokenizer = await asyncio.to_thread(check_model_files, config)
-    special = await asyncio.to_thread(check_special_tokens, config, tokenizer)
-    if config.data.eval_path is not None:  # ConfigError naming data.eval_path now, not at the first evaluation
-        from rlsdk.evaluation import eval_file_dataset
-
-        await asyncio.to_thread(eval_file_dataset, config, tokenizer)
-    return resume, dataset, tokenizer, special
-
-
-def rank_startup_seconds(launched: float, marks: Sequence[dict[str, float] | None]) -> dict[str, float]:
-    """Where the ranks' start-up went, from the wall-clock marks each rank reports with ``init`` (see
-    ``rlsdk.worker.main``) and ``launched`` (``time.time()`` when the launcher was started): the slowest rank's
-    ``launcher`` (until its process existed: the launcher's imports and torchrun), ``rank_imports`` (Python and
-    torch imports), ``rank_connect`` (control channel), ``process_group`` (rendezvous, accelerate) and
-    ``train_engine`` (model and optimizer). Empty when a rank reported none (an older worker)."""
-    if not marks or any(m is None for m in marks):
-        return {}
-    spans = {
-        "launcher": ("launched", "process_start"),
-        "rank_imports": ("process_start", "imported"),
-        "rank_connect": ("imported", "connected"),
-        "process_group": ("connected", "process_group"),
-        "train_engine": ("init_begin", "init_end"),
-    }
-    out: dict[str, float] = {}
-    for name, (first, last) in spans.items():
-        values = [m[last] - (launched if first == "launched" else m[first]) for m in marks if m is not None]
-        out[f"ranks/{name}"] = max(values)
-    return out
+    async def export_weights(self) -> dict[str, Any]:
+        session = self._session
+        body = {"publish_dir": session._publish_dir, "src": 0}
+        results = await session._broadcast("export_weights", body, timeout_s=session.config.launch.command_timeout_s)
+        return dict(results[0])
 
 
 class Session:
@@ -249,19 +90,15 @@ class Session:
         self.versions = VersionLedger()
         self.step = 0
         self.rank_info: dict[int, dict[str, Any]] = {}
-        self.engine: InferenceEngine | None = None
+        self.engine: SessionEngine | None = None
         self.tokenizer: Any = None
         self.workflow: RolloutWorkflow | None = None
         self._default_workflow: RolloutWorkflow | None = None  # the one start() made; restart() keeps any other
         self.prompt_sampler: Any = None
         self._dataset: Any = None  # built by start() (check_data) before any process starts
         self.metrics: MetricsWriter | None = None
-        self._channel: Any = None
-        self._launcher: Any = None
-        self._router: RankLogRouter | None = None
-        self._log_handler: logging.Handler | None = None
-        self._supervisor: asyncio.Task[None] | None = None
-        self._liveness: asyncio.Task[None] | None = None
+        # The processes of the run: channel, launcher, log router, heartbeats, failures (rlsdk.supervisor).
+        self._run = self._new_run()
         # The model's pad and EOS ids (rlsdk.engine.inference.stopping), resolved by start() before any process
         # starts: the engines, the default workflow and the rollout joining (dynamic sampling) all use these.
         self.special_tokens: Any = None
@@ -270,24 +107,15 @@ class Session:
         # inference.lookahead: (the next batch's rows, the data position before them), drawn by update() for the
         # ranks to sample right after it; the next default rollout() or next_prompts() takes these rows.
         self._lookahead: tuple[list[dict[str, Any]], dict[str, Any]] | None = None
-        self._publish: PublishDir | None = None
-        self._publish_dir: str | None = None
-        self._runtime_dir: Any = None  # SessionRuntimeDir: private sockets and rendezvous files of one start
         self._engine_watch: asyncio.Task[None] | None = None
         # Restores the event-loop thread's torch intra-op thread count (lowered to 1 while the Session runs).
         self._restore_threads: Callable[[], None] | None = None
         self._engine_threads: int | None = None  # the embedded engine's default inference.num_threads
-        self._broadcasts = 0  # commands sent through _broadcast so far
-        # inference.engine 'colocated': (self._broadcasts after the last update, every rank's new version and
-        # checksum from it); the next sync verifies these instead of asking again if no command ran in between.
-        self._updated_weights: tuple[int, list[dict[str, Any]]] | None = None
         self._engine_failure: BaseException | None = None
         self._rollouts = 0  # rollouts sampled so far; each one's seed derives from it (see rollout())
         self._resume: tuple[Path, dict[str, Any]] | None = None  # (checkpoint, controller state), see start()
         self.resumed_from: Path | None = None  # the checkpoint this session continued from
-        self._closing = False
         self._closed = False
-        self._failure: BaseException | None = None
         self._phase: Any = lambda _phase: None  # progress hook of start(); see rlsdk.observe.progress
         self.last_trace: Any = None  # the latest TraceReport (watchdog or trace()); the dashboard's tracer view
         self.last_trace_time: float | None = None  # time.time() of last_trace
@@ -298,6 +126,49 @@ class Session:
         # ranks' own start-up, the overlapped engine load; benchmarks/session_overhead.py reports them.
         self.start_seconds: dict[str, float] = {}
         self.close_seconds: dict[str, float] = {}
+
+    def _new_run(self) -> RunSupervisor:
+        return RunSupervisor(
+            self.config, self.output_dir, on_failure=self._after_run_failed, on_trace=self._record_trace
+        )
+
+    # The run's process half, under the names the Session's own code, tests and the dashboard used before it
+    # moved to rlsdk.supervisor.
+    @property
+    def _channel(self) -> Any:
+        return self._run.channel
+
+    @property
+    def _launcher(self) -> Any:
+        return self._run.launcher
+
+    @_launcher.setter
+    def _launcher(self, launcher: Any) -> None:
+        self._run.launcher = launcher
+
+    @property
+    def _router(self) -> RankLogRouter | None:
+        return self._run.router
+
+    @property
+    def _publish_dir(self) -> str | None:
+        return self._run.publish_dir
+
+    @property
+    def _runtime_dir(self) -> Any:
+        return self._run.runtime_dir
+
+    @property
+    def _broadcasts(self) -> int:
+        return self._run.broadcasts
+
+    @property
+    def _failure(self) -> BaseException | None:
+        return self._run.failure
+
+    @property
+    def _closing(self) -> bool:
+        return self._run.closing
 
     # ------------------------------------------------------------------ start / close
     @classmethod
@@ -317,7 +188,7 @@ class Session:
             raise TypeError(f"Session.start needs a SessionConfig, got {type(config).__name__}")
         began = time.perf_counter()
         with capture_records(config.observe.log_level) as early:
-            checked = await _check_before_start(config)
+            checked = await check_before_start(config)
         session = cls(config)
         session._early_records = early
         session.start_seconds["checks"] = time.perf_counter() - began
@@ -356,7 +227,7 @@ class Session:
         """
         config = dataclasses.replace(self.config, train=dataclasses.replace(self.config.train, resume_from=resume_from))
         with capture_records(config.observe.log_level) as early:
-            checked = await _check_before_start(config)
+            checked = await check_before_start(config)
         workflow = self.workflow if self.workflow is not self._default_workflow else None
         logger.warning(
             "restarting the session: stopping every process of the run%s",
@@ -366,6 +237,7 @@ class Session:
         await self.close()
         fresh = type(self)(config)
         self.__dict__.update(fresh.__dict__)  # keep this object (and whoever holds it), with a new start's state
+        self._run = self._new_run()  # its hooks call this object, not `fresh`
         self._early_records = early
         await self._start_checked(checked, progress=progress, desc="Session.restart")
         for listener in listeners:
@@ -375,109 +247,26 @@ class Session:
         return self.resumed_from
 
     async def _start(self) -> None:
-        from rlsdk.control.controller import ControllerChannel
-        from rlsdk.control.protocol import new_session_secret
-        from rlsdk.launch.local import rank_environment
-        from rlsdk.launch.rendezvous import control_host, one_machine_environment
-        from rlsdk.launch.select import start_launcher
-        from rlsdk.runtime_dir import SessionRuntimeDir
-
         cfg = self.config
         t0 = time.perf_counter()
-        dir_mode, file_mode = output_modes(cfg.observe.output_mode)
-        private_dir(self.output_dir, mode=dir_mode)  # 0700 by default: no other user reads logs or checkpoints
-        for sub in ("traces", "checkpoints"):
-            private_dir(self.output_dir / sub, mode=dir_mode)
-        level = logging.getLevelName(cfg.observe.log_level)
-        self._router = RankLogRouter(
-            self.output_dir / "logs", console=cfg.observe.console, level=level, dir_mode=dir_mode, file_mode=file_mode
-        )
-        self._log_handler = self._router.controller_handler()
-        root = logging.getLogger(ROOT_LOGGER)
-        root.addHandler(self._log_handler)
-        root.setLevel(level)
-        set_log_context(rank=None, world_size=cfg.launch.num_ranks, version=0, role="controller")
-        for record in self._early_records:  # logged by the pre-start checks, before this handler existed
-            self._log_handler.handle(record)
+        self._run.open_logs(self._early_records)  # the records the pre-start checks logged come first
         self._early_records = []
-
-        # Private (0700) home of the session's Unix sockets (control channel, a started vLLM server) and the ranks'
-        # rendezvous files; removed by close().
-        self._runtime_dir = SessionRuntimeDir()
-        # Before the launcher: a vLLM replica the job starts loads weights only from here. Swept by the next
-        # Session if this process is killed before close() removes it (see publish_dir).
-        self._publish = PublishDir()
-        self._publish_dir = self._publish.path
-        secret = new_session_secret()
-        session_id = uuid.uuid4().hex[:12]
-        host = control_host(cfg.launch)  # None: a Unix socket in the runtime directory, no TCP port
-        channel_cls: type[ControllerChannel] = ControllerChannel
-        channel_kwargs: dict[str, Any] = {}
-        if cfg.launch.tracer:  # the hang watchdog: see rlsdk/debug/watchdog.py
-            from rlsdk.debug.watchdog import WatchedControllerChannel
-
-            channel_cls = WatchedControllerChannel
-            channel_kwargs = {
-                "hang_timeout_s": cfg.launch.hang_timeout_s,
-                "hang_policy": cfg.launch.hang_policy,
-                "traces_dir": self.output_dir / "traces",
-                "world_size": cfg.launch.num_ranks,
-                "on_report": self._record_trace,
-                "trace_poll_s": cfg.launch.trace_poll_s,
-            }
-        self._channel = channel_cls(
-            secret,
-            session_id,
-            host=host,
-            socket_dir=None if host is not None else self._runtime_dir.path,
-            heartbeat_interval_s=cfg.launch.heartbeat_interval_s,
-            on_log=self._router.handle,
-            **channel_kwargs,
-        )
-        await self._channel.start()
-        env = rank_environment(
-            os.environ,
-            {
-                "RLSDK_CONTROL_ADDR": self._channel.address,
-                "RLSDK_SESSION_SECRET": secret.hex(),
-                "RLSDK_SESSION_ID": session_id,
-                "RLSDK_HEARTBEAT_INTERVAL_S": cfg.launch.heartbeat_interval_s,
-                "RLSDK_HEARTBEAT_TIMEOUT_S": cfg.launch.heartbeat_timeout_s,
-                "RLSDK_THREADS_PER_RANK": cfg.launch.threads_per_rank,
-                "RLSDK_LOG_LEVEL": level,
-                "OMP_NUM_THREADS": cfg.launch.threads_per_rank,
-                "RLSDK_TRACER": int(cfg.launch.tracer),
-                "RLSDK_SHM_ALLREDUCE": int(cfg.launch.shm_allreduce),
-                "RLSDK_PG_TIMEOUT_S": "" if cfg.launch.pg_timeout_s is None else cfg.launch.pg_timeout_s,
-                "RLSDK_TRACE_DIR": self.output_dir / "traces" / "live",
-                WEIGHTS_DIR_ENV: self._publish_dir,  # for vLLM replicas a cluster job starts
-                "RLSDK_UMASK": oct(0o777 & ~dir_mode),  # what the ranks write gets observe.output_mode
-                **(one_machine_environment(self._runtime_dir.path) if cfg.launch.scheduler == "local" else {}),
-            },
-        )
+        env = await self._run.open_channel()
         self._phase("launching ranks")
         self.start_seconds["setup"] = time.perf_counter() - t0
         launched = time.time()
-        self._launcher = await start_launcher(
-            cfg.launch, env, output_dir=self.output_dir, on_line=self._launcher_line, config=cfg
-        )
-        self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
+        await self._run.launch(env)
 
         # The engine loads while the ranks import torch and form their process group.
         engine_task = asyncio.get_running_loop().create_task(self._start_engine())
         try:
             self._phase("loading engine, ranks connecting")
-            self.rank_info = await self._channel.wait_for_ranks(cfg.launch.num_ranks, cfg.launch.start_timeout_s)
-            self._launcher.rank_pids = [info["pid"] for info in self.rank_info.values()]
-            self._phase("initialising ranks")
             init: dict[str, Any] = {"config": config_to_dict(cfg)}
             if self._resume is not None:
                 init["resume_from"] = str(self._resume[0])
-            results = await self._channel.broadcast("init", init, timeout_s=cfg.launch.start_timeout_s)
+            results = await self._run.init_ranks(init, on_connected=lambda: self._phase("initialising ranks"))
+            self.rank_info = self._run.rank_info
             self.start_seconds.update(rank_startup_seconds(launched, [r.pop("startup", None) for r in results]))
-            # Liveness from here on: during start-up the ranks import and load while holding the GIL for long
-            # stretches (their heartbeats wait), and launch.start_timeout_s bounds it.
-            self._liveness = asyncio.get_running_loop().create_task(self._watch_heartbeats())
         finally:
             await engine_task
         trainer = results[0]
@@ -485,39 +274,20 @@ class Session:
         if self._resume is not None:
             self._restore(self._resume[0], self._resume[1], trainer)
         self.versions.trainer_checksum = trainer["checksum"]
-        served_as_trained = (cfg.inference.dtype or cfg.model.dtype) == cfg.model.dtype
-        lora = cfg.train.lora_rank > 0
-        if cfg.inference.engine != "embedded" or self._resume is not None or lora or not served_as_trained:
-            # The server's loader gives no checksum of what it loaded from the model directory, and an attached
-            # server may hold anything: publish the trainer's v0 and verify it like every later sync. A resumed
-            # trainer is at the checkpoint's version, which the engine (loaded from model.path) is not. The
-            # colocated engine's first sync checks that every rank holds the same v0. With LoRA the engine serves
-            # the base alone until it loads the trainer's v0 adapter. An engine serving another dtype checksums the
-            # published bytes it loads, so it is verified the same way.
-            if trainer.get("base_checksum") is not None and cfg.inference.engine == "embedded":
-                # LoRA: the adapter sync verifies only the adapter; the base both sides loaded is checked here.
-                base = await self._engine().weight_info()
-                if base.checksum != trainer["base_checksum"]:
-                    raise WeightMismatchError(
-                        f"LoRA base weights differ: trainer {trainer['base_checksum'][:12]}, "
-                        f"engine {base.checksum[:12]}"
-                    )
+        # The engine checks what it loaded against the trainer's v0 where it can, else the trainer's weights are
+        # published and verified like every later sync (a resumed trainer is at the checkpoint's version).
+        verified = await self._engine().verify_initial(trainer, resumed=self._resume is not None)
+        if verified is None:
             await self.sync_weights()
         else:
-            engine_info = await self._engine().weight_info()
-            if engine_info.checksum != trainer["checksum"] or engine_info.version != trainer["version"]:
-                raise WeightMismatchError(
-                    f"initial weights differ: trainer v{trainer['version']} checksum {trainer['checksum'][:12]}, "
-                    f"engine v{engine_info.version} checksum {engine_info.checksum[:12]}"
-                )
-            self.versions.record_sync(engine_info.version, engine_info.checksum, 0.0)
+            self.versions.record_sync(verified.version, verified.checksum, 0.0)
         self._phase("ready")
         self.start_seconds["total"] = time.perf_counter() - t0 + self.start_seconds.get("checks", 0.0)
         logger.info(
             "session ready in %.1f s: %d ranks, engine %s, output %s (%s)",
             self.start_seconds["total"],
             cfg.launch.num_ranks,
-            cfg.inference.engine,
+            type(self.engine).__name__,
             self.output_dir,
             ", ".join(f"{k} {v:.2f} s" for k, v in self.start_seconds.items() if k != "total"),
         )
@@ -575,6 +345,7 @@ class Session:
         if self.special_tokens is None:
             self.special_tokens = await asyncio.to_thread(check_special_tokens, cfg, self.tokenizer)
         self.engine = await self._build_engine()
+        self._engine_watch = asyncio.get_running_loop().create_task(self._watch_engine(self.engine))
         if self._restore_threads is None:
             import torch
 
@@ -604,87 +375,28 @@ class Session:
             self.output_dir / "tensorboard", tensorboard=cfg.observe.tensorboard, dir_mode=dir_mode, file_mode=file_mode
         )
 
-    async def _build_engine(self) -> InferenceEngine:
-        """The configured engine: embedded (in this process) or vLLM (a supervised server, or attached by URL)."""
-        cfg = self.config
-        inference = cfg.inference
-        special = self.special_tokens
-        if inference.engine == "colocated":
-            from rlsdk.engine.inference.colocated import ColocatedEngine
+    async def _build_engine(self) -> SessionEngine:
+        """The configured engine (see :func:`rlsdk.engine.inference.build_engine`)."""
+        from rlsdk.engine.inference import EngineContext, build_engine
 
-            return ColocatedEngine(
-                lambda command, body: self._broadcast(command, body, timeout_s=cfg.launch.command_timeout_s),
-                cfg.launch.num_ranks,
-                pad_token_id=special.pad_token_id,
-                eos_token_id=special.eos_token_ids,
-                max_batch_size=inference.max_batch_size,
-            )
-        if inference.engine == "embedded":
-            from rlsdk.engine.inference.embedded import EmbeddedEngine
-
-            return await asyncio.to_thread(
-                EmbeddedEngine.from_pretrained,
-                cfg.model.path,
-                dtype=inference.dtype or cfg.model.dtype,
-                num_threads=inference.num_threads if inference.num_threads is not None else self._engine_threads,
-                max_batch_size=inference.max_batch_size,
-                special_tokens=special,
-            )
-        from rlsdk.engine.inference.vllm import VLLMEngine
-        from rlsdk.engine.inference.weight_transfer import (
-            NCCL_RANK_COMMAND,
-            RankCommandTrainer,
-            select_weight_transfer,
+        context = EngineContext(
+            config=self.config,
+            special_tokens=self.special_tokens,
+            trainer=_Ranks(self),
+            launcher=self._launcher,
+            runtime_dir=None if self._run.runtime_dir is None else self._run.runtime_dir.path,
+            publish_dir=self._publish_dir,
+            on_line=self._inference_line,
+            num_threads=self._engine_threads,
         )
+        return await build_engine(context)
 
-        # inference.weight_transfer 'auto': NCCL broadcast from trainer rank 0 on GPU nodes, else the file reload.
-        trainer = RankCommandTrainer(lambda body, t: self._broadcast(NCCL_RANK_COMMAND, body, timeout_s=t))
-        transfer = select_weight_transfer(cfg.launch, trainer, inference.weight_transfer)
-        url, token = inference.url, None  # an attached server's token: VLLM_API_KEY (VLLMEngine.attach)
-        if url is None and getattr(self._launcher, "vllm_replicas", 0) > 0:
-            # The Slurm job runs the replica on a node of its own; its endpoint comes back once it is healthy.
-            url = await self._launcher.wait_for_endpoint(
-                0, timeout_s=cfg.launch.start_timeout_s + inference.server_start_timeout_s
-            )
-            token = self._launcher.vllm_token
-        if url is not None:
-            engine = await VLLMEngine.attach(
-                url,
-                cfg.model.path,
-                token=token,
-                lora_rank=cfg.train.lora_rank,
-                request_timeout_s=inference.request_timeout_s,
-                sync_timeout_s=inference.sync_timeout_s,
-                transfer=transfer,
-                special_tokens=special,
-            )
-        else:
-            engine = await VLLMEngine.start(
-                cfg.model.path,
-                lora_rank=cfg.train.lora_rank,
-                kv_cache_gib=inference.kv_cache_gib,
-                max_model_len=inference.max_model_len,
-                extra_server_args=inference.extra_server_args,
-                start_timeout_s=inference.server_start_timeout_s,
-                request_timeout_s=inference.request_timeout_s,
-                sync_timeout_s=inference.sync_timeout_s,
-                on_line=self._inference_line,
-                transfer=transfer,
-                runtime_dir=self._runtime_dir.path,
-                weights_dir=self._publish_dir,
-                special_tokens=special,
-                dtype=inference.dtype or cfg.model.dtype,
-            )
-            self._engine_watch = asyncio.get_running_loop().create_task(self._watch_engine(engine))
-        return engine
-
-    async def _watch_engine(self, engine: Any) -> None:
-        """Turn an unexpected exit of the vLLM server into an error for every later call (until restart)."""
-        server = engine.server
-        code = await server.wait()
+    async def _watch_engine(self, engine: SessionEngine) -> None:
+        """Turn an unexpected exit of the engine (its server) into an error for every later call (until restart)."""
+        error = await engine.wait_failure()
         if self._closing or self.engine is not engine:
             return
-        self._engine_failure = server.error(f"exited unexpectedly (exit code {code})")
+        self._engine_failure = error
         logger.error("%s", self._engine_failure)
 
     async def restart_engine(self) -> WeightInfo:
@@ -697,176 +409,37 @@ class Session:
         if self._closed:
             raise SessionClosedError("the session is closed; start a new one with Session.start(config)")
         old, self.engine = self.engine, None
-        if self._engine_watch is not None:
-            self._engine_watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._engine_watch
-            self._engine_watch = None
+        await cancel_quietly(self._engine_watch)
+        self._engine_watch = None
         if old is not None:
             with contextlib.suppress(Exception):
                 await old.close()
         self._engine_failure = None
-        logger.info("restarting the %s inference engine", self.config.inference.engine)
+        logger.info("restarting the inference engine%s", "" if old is None else f" ({type(old).__name__})")
         self.engine = await self._build_engine()
+        self._engine_watch = asyncio.get_running_loop().create_task(self._watch_engine(self.engine))
         return await self.sync_weights()
-
-    def _route_child_line(self, line: str, *, role: str, component: str, level: str, version: int | None) -> None:
-        """Show a line a child process printed (launcher, inference server) in the rank-tagged log stream."""
-        if self._router is None or not line.strip():
-            return
-        self._router.handle(
-            {
-                "time": time.time(),
-                "level": level,
-                "levelno": logging.getLevelName(level),
-                "logger": f"rlsdk.{role}",
-                "component": component,
-                "rank": None,
-                "world_size": self.config.launch.num_ranks,
-                "version": version,
-                "role": role,
-                "message": line,
-            }
-        )
 
     def _inference_line(self, line: str) -> None:
         level = next((name for name in ("ERROR", "WARNING", "CRITICAL") if f" {name} " in line), "INFO")
-        self._route_child_line(
+        self._run.route_child_line(
             line, role="inference", component="vllm", level=level, version=self.versions.engine_version
         )
 
-    def _launcher_line(self, line: str) -> None:
-        self._route_child_line(line, role="launcher", component="launch", level="INFO", version=None)
-
-    async def _supervise(self) -> None:
-        """Turn an unexpected exit of the rank processes into an error for whoever waits on them."""
-        await self._launcher.wait()
-        if self._closing:
-            return
-        await self._fail_run(self._launcher.error(rank_log_lines=self._rank_log_tail))
-
-    async def _watch_heartbeats(self) -> None:
-        """Fail the run when a rank sends no heartbeat for ``launch.heartbeat_timeout_s`` (stopped, hung holding
-        the GIL, swapped out): its peers would wait for it forever in their next collective."""
-        from rlsdk.control.errors import RankUnresponsiveError
-
-        cfg = self.config.launch
-        period = min(cfg.heartbeat_interval_s, 1.0)
-        loop = asyncio.get_running_loop()
-        while not self._closing and self._failure is None:
-            before = loop.time()
-            await asyncio.sleep(period)
-            if loop.time() - before > period + cfg.heartbeat_timeout_s / 2:
-                continue  # this event loop was blocked (a long synchronous cell): let queued heartbeats in first
-            current = self._channel.current_commands()
-            for rank, age in self._channel.heartbeat_ages().items():
-                if age > cfg.heartbeat_timeout_s:
-                    pid = self.rank_info.get(rank, {}).get("pid")
-                    error = RankUnresponsiveError(
-                        rank, pid, age, cfg.heartbeat_timeout_s, current.get(rank), self._rank_log_tail(rank)
-                    )
-                    await self._fail_run(error)
-                    return
-
-    def _rank_log_tail(self, rank: int, count: int = 20) -> list[str]:
-        """The last ``count`` log records rank ``rank`` shipped, as ``LEVEL message`` lines."""
-        if self._router is None:
-            return []
-        records = [r for r in self._router.recent_records() if r.get("rank") == rank]
-        return [f"{r.get('level')} {r.get('message')}" for r in records[-count:]]
-
-    async def _fail_run(self, error: BaseException) -> None:
-        """A fatal fault: remember it, fail every waiting call with it, and stop every process of the run at once
-        (SIGKILL: a failed run has nothing to flush). The Session stays usable through :meth:`restart`."""
-        if self._closing or self._failure is not None:
-            return
-        self._failure = error
-        logger.error("%s", error)
-        self._channel.fail_pending(error)
+    async def _after_run_failed(self) -> None:
+        """After a fatal fault stopped the ranks (RunSupervisor.fail): stop what runs on top of them."""
         await self._stop_prefetch()
-        hung = getattr(self._channel, "hung", None)
-        if hung is not None:
-            hung.task.cancel()
-            self._channel.hung = None
-        if self._launcher is not None:
-            for pid in self._launcher.rank_pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            await self._launcher.stop(grace_s=3.0)
-        if self._engine_watch is not None:
-            self._engine_watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._engine_watch
-            self._engine_watch = None
+        await cancel_quietly(self._engine_watch)
+        self._engine_watch = None
         if self.engine is not None:
             with contextlib.suppress(Exception):
                 await self.engine.close()
-        logger.error("every process of the run was stopped; `await session.restart()` resumes from the last checkpoint")
 
     async def _broadcast(
         self, command: str, body: dict[str, Any] | list[dict[str, Any]] | None = None, *, timeout_s: float | None
     ) -> list[Any]:
-        """``channel.broadcast``, failing the run when a rank raised while another is still inside the command."""
-        from rlsdk.control.errors import RankDisconnectedError, RankError
-
-        self._broadcasts += 1
-        try:
-            return await self._channel.broadcast(command, body, timeout_s=timeout_s)
-        except RankDisconnectedError as exc:
-            # A rank process is gone before its launcher exited: let the supervisor name the rank and its signal.
-            if self._supervisor is not None and self._failure is None:
-                with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
-                    await asyncio.wait_for(asyncio.shield(self._supervisor), timeout=10.0)
-            if self._failure is not None:
-                raise self._failure from exc
-            raise
-        except RankError as exc:
-            await self._after_rank_error(exc)
-            if self._failure is not None and self._failure is not exc:
-                raise self._failure from exc  # the root cause (a rank died), not its peer's broken connection
-            raise
-
-    async def _after_rank_error(self, exc: Any) -> None:
-        """After rank ``exc.rank`` raised in ``exc.command``: if every rank left the command (all raised, or the
-        others finished) the ranks are still in step and the Session stays usable. A rank still inside it after
-        a grace period (3 s) is waiting for the failed one in a collective and never returns, and a rank that
-        does not answer at all has died: either way the run is failed and stopped, and the error says so."""
-        from rlsdk.control.protocol import CURRENT_QUERY
-
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 3.0
-        inside: list[int] = []
-        while self._failure is None:
-            try:  # the ranks' event threads answer even while their main thread is stuck in a collective
-                answers = await self._channel.query_events(CURRENT_QUERY, timeout_s=1.0)
-            except Exception:
-                return
-            inside = [
-                rank
-                for rank in range(self.config.launch.num_ranks)
-                if rank != exc.rank
-                and (
-                    rank not in answers
-                    or (
-                        isinstance(answers[rank], dict)
-                        # inside the command, or not reached by it yet (it will enter, and wait)
-                        and (answers[rank].get("seq") == exc.seq or answers[rank].get("received", exc.seq) < exc.seq)
-                    )
-                )
-            ]
-            if not inside:
-                return
-            if loop.time() >= deadline:
-                break
-            await asyncio.sleep(0.1)
-        if self._failure is not None:
-            return
-        exc.add_note(
-            f"rank(s) {inside} were still inside {exc.command!r} (or not answering) 3 s later, waiting for rank "
-            f"{exc.rank} in a collective it will never join: every process of the run was stopped. "
-            "`await session.restart()` resumes from the last checkpoint."
-        )
-        await self._fail_run(exc)
+        """A command to every rank (see :meth:`RunSupervisor.broadcast`: a fault fails the run)."""
+        return await self._run.broadcast(command, body, timeout_s=timeout_s)
 
     def _engine(self) -> InferenceEngine:
         if self._failure is not None and not self._closed:
@@ -884,7 +457,7 @@ class Session:
         """Stop the ranks and the engine, flush metrics and logs. Idempotent; nothing of the run stays alive."""
         if self._closed:
             return
-        self._closing = True
+        self._run.closing = True
         began = mark = time.perf_counter()
 
         def lap(name: str) -> None:
@@ -894,34 +467,11 @@ class Session:
             mark = now
 
         await self._stop_prefetch()
-        hung = getattr(self._channel, "hung", None)
-        if hung is not None:  # terminating a hung command: its ranks are shut down below
-            hung.task.cancel()
-            self._channel.hung = None
         lap("prefetch")
-        if self._channel is not None:
-            with contextlib.suppress(Exception):
-                await self._channel.shutdown_ranks()
-        if self._launcher is not None:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._launcher.proc.wait()), timeout=5.0)
-            await self._launcher.stop()
+        await self._run.stop_ranks()
         lap("ranks_exit")
-        for task in (self._liveness,):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-        if self._supervisor is not None:
-            self._supervisor.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._supervisor
-        if self._channel is not None:
-            await self._channel.close()
-        if self._engine_watch is not None:
-            self._engine_watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._engine_watch
+        await self._run.close_channel()
+        await cancel_quietly(self._engine_watch)
         lap("channel")
         if self.engine is not None:
             await self.engine.close()
@@ -931,15 +481,9 @@ class Session:
             self._restore_threads = None
         if self.metrics is not None:
             self.metrics.close()
-        if self._publish is not None:
-            self._publish.remove()
-        if self._runtime_dir is not None:
-            self._runtime_dir.remove()
+        self._run.remove_dirs()
         logger.info("session closed")
-        if self._log_handler is not None:
-            logging.getLogger(ROOT_LOGGER).removeHandler(self._log_handler)
-        if self._router is not None:
-            self._router.close()
+        self._run.close_logs()
         lap("metrics_logs")
         self.close_seconds["total"] = time.perf_counter() - began
         self._closed = True
@@ -995,10 +539,7 @@ class Session:
 
     async def _stop_prefetch(self) -> None:
         task, self._prefetch = self._prefetch, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_quietly(task)
 
     async def _generate(self, engine: InferenceEngine, rows: list[dict[str, Any]], *, progress: bool | None) -> Rollout:
         from rlsdk.observe.progress import CallProgress
@@ -1028,20 +569,12 @@ class Session:
         the same samples."""
         return (self.config.seed * 1_000_003 + self._rollouts) % (1 << 62)
 
-    def _plan_lookahead(self, engine: InferenceEngine) -> list[dict[str, Any]] | None:
-        """``inference.lookahead``: every rank's ``generate`` body for the batch the next default ``rollout()``
-        will ask for (the data set's next rows, the next seed), to run on the ranks right after the update;
-        ``None`` when it does not apply (not colocated, async mode, a custom workflow, no data left)."""
-        from rlsdk.engine.inference.colocated import ColocatedEngine
-        from rlsdk.workflow.single_turn import SingleTurnWorkflow
-
-        cfg = self.config
-        if not (
-            cfg.inference.lookahead
-            and cfg.rollout.mode == "sequential"
-            and isinstance(engine, ColocatedEngine)
-            and type(self.workflow) is SingleTurnWorkflow
-        ):
+    def _next_request(self) -> tuple[list[list[int]], SamplingParams] | None:
+        """The prompts and params the next default ``rollout()`` will ask the engine for (the data set's next rows,
+        drawn now and kept for it, and the next seed), for an engine that samples them right after an update
+        (the colocated engine's ``inference.lookahead``); ``None`` when they are not known yet (async mode, a
+        custom workflow, no data left)."""
+        if self.config.rollout.mode != "sequential" or type(self.workflow) is not SingleTurnWorkflow:
             return None
         if self._lookahead is None:
             before = self.prompt_sampler.state_dict()
@@ -1054,12 +587,12 @@ class Session:
             self._lookahead = (rows, before)
         try:
             _, repeated, params = self.workflow.request(
-                self._lookahead[0], cfg.rollout.group_size, seed=self._rollout_seed()
+                self._lookahead[0], self.config.rollout.group_size, seed=self._rollout_seed()
             )
-            return engine.lookahead_bodies(repeated, params)
         except Exception:  # e.g. an empty prompt: the rollout() that takes these rows raises it
             logger.debug("no look-ahead: the next batch's request is invalid", exc_info=True)
             return None
+        return repeated, params
 
     async def reward(self, rollout: Rollout, reward_fn: RewardFn, *, timeout_s: float | None = None) -> Rollout:
         """Score ``rollout`` with ``reward_fn`` (sync or async, batched); returns a new Rollout with rewards.
@@ -1122,14 +655,13 @@ class Session:
         versions, once the call outlasts a second (``None``: in Jupyter only).
         """
         from rlsdk.algorithms import compute_advantages
+        from rlsdk.algorithms.batching import shard_rows, trainable_indices, update_tensors
         from rlsdk.engine.train.schedule import minibatch_normalisers
         from rlsdk.observe.progress import CallProgress
 
         engine = self._engine()
         cfg = self.config
-        discard_lookahead = getattr(engine, "discard_lookahead", None)
-        if discard_lookahead is not None:
-            discard_lookahead()  # sampled with the weights this update replaces
+        engine.before_train()
         if rollout.rewards_B is None:
             raise ValueError("rollout has no rewards: call `rollout = await session.reward(rollout, fn)` first")
         start = time.perf_counter()
@@ -1149,46 +681,23 @@ class Session:
             scale_by_std=cfg.algorithm.scale_rewards,
             eps=cfg.algorithm.adv_eps,
         )
-        index_B = keep_B.nonzero().flatten()
-        stale = rollout.num_samples - index_B.numel()
-        index_B = index_B[: index_B.numel() - index_B.numel() % world]  # equal shards: equal collectives
+        index_B, stale = trainable_indices(keep_B, world)
         if index_B.numel() == 0:
             raise VersionError(
                 f"no sample left to train on: {stale} stale samples dropped and {world} ranks need at least one "
                 f"sample each (trainer v{self.versions.trainer_version}, max_staleness {cfg.rollout.max_staleness})"
             )
         self.versions.dropped_stale_samples += stale
-        batch = {
-            "prompt_ids_B_P": rollout.prompt_ids_B_P[index_B],
-            "prompt_mask_B_P": rollout.prompt_mask_B_P[index_B],
-            "completion_ids_B_C": rollout.completion_ids_B_C[index_B],
-            "completion_mask_B_C": rollout.completion_mask_B_C[index_B],
-            # what the trainer's forward attends to: the engine's context (tool outputs of a multi-turn rollout
-            # included), a superset of the trained tokens
-            "completion_attention_mask_B_C": (
-                rollout.completion_mask_B_C if rollout.attention_mask_B_C is None else rollout.attention_mask_B_C
-            )[index_B],
-            "logprobs_B_C": rollout.logprobs_B_C[index_B],
-            "advantages_B": advantages_B[index_B],
-            "agreement_mask_B_C": current_rows_B_C(rollout, self.versions.trainer_version)[index_B],
+        batch = update_tensors(rollout, advantages_B, index_B)
+        # Trainer and engine are compared only on rows the trainer's own weights sampled wholly (agreement/*).
+        batch["agreement_mask_B_C"] = current_rows_B_C(rollout, self.versions.trainer_version)[index_B]
+        shared = {
+            "num_tokens": int(batch["completion_mask_B_C"].sum()),
+            "num_sequences": index_B.numel(),
+            "minibatches": minibatch_normalisers(batch["completion_mask_B_C"], world, cfg.train.mini_batch_size),
         }
-        num_tokens = int(batch["completion_mask_B_C"].sum())
-        per_rank = index_B.numel() // world
-        minibatches = minibatch_normalisers(batch["completion_mask_B_C"], world, cfg.train.mini_batch_size)
-        colocated = cfg.inference.engine == "colocated"
-        lookahead = self._plan_lookahead(engine)
-        bodies = [
-            {
-                "shard": {k: v[r * per_rank : (r + 1) * per_rank] for k, v in batch.items()},
-                "num_tokens": num_tokens,
-                "num_sequences": index_B.numel(),
-                "with_checksum": colocated,
-                "minibatches": minibatches,
-                **({"then_generate": lookahead[r]} if lookahead is not None else {}),
-            }
-            for r in range(world)
-        ]
-        self._updated_weights = None
+        fields = engine.train_fields(world, self._next_request)
+        bodies = [{"shard": shard, **shared, **fields[r]} for r, shard in enumerate(shard_rows(batch, world))]
         trainer_version = self.versions.trainer_version
         reward_mean = float(rollout.rewards_B.mean())
         with CallProgress(
@@ -1199,87 +708,12 @@ class Session:
             enabled=progress,
         ):
             results = await self._broadcast("update", bodies, timeout_s=cfg.launch.command_timeout_s)
-        if lookahead is not None:
-            generated = [r.pop("then_generate", None) for r in results]
-            errors = [r.pop("then_generate_error", None) for r in results]
-            if any(error is not None for error in errors):
-                logger.debug("look-ahead generation failed on the ranks (the next rollout retries): %s", errors)
-            engine.hold(None if any(g is None for g in generated) else generated)  # type: ignore[attr-defined]
-        self._record_trainer_version("update", results, colocated)
-        totals = {
-            k: sum(float(r[k]) for r in results)
-            for k in ("loss_sum", "clipped_tokens", "ratio_sum", "kl_sum", "entropy_sum", "tokens",
-                      "logprob_absdiff_sum", "ratio_dev_sq_sum", "objective", "is_weight_sum", "is_capped_tokens",
-                      "agreement_tokens", "ratio_limited_tokens")
-        }  # fmt: skip
-        maxima = {k: max(float(r[k]) for r in results) for k in ("logprob_absdiff_max", "ratio_max", "neg_ratio_min")}
-        tokens = max(totals["tokens"], 1.0)
-        agreement = agreement_metrics(totals, maxima)
-        update_s = time.perf_counter() - start
-        rollout_s = float(rollout.info.get("seconds", float("nan")))
-        stats = {
-            "step": float(self.step),
-            **reward_metrics(rollout),  # mean, std and each combine_rewards() component
-            "train/loss": totals["loss_sum"] / tokens,
-            # The aggregated loss actually differentiated (per algorithm.loss_agg); each rank's share is scaled
-            # by the world size because DDP averages gradients.
-            "train/objective": totals["objective"] / world,
-            "train/is_weight_mean": totals["is_weight_sum"] / tokens,
-            "train/is_capped_fraction": totals["is_capped_tokens"] / tokens,
-            # Tokens whose log-ratio lay beyond algorithm.losses.LOG_RATIO_LIMIT (the overflow guard engaged): 0 in
-            # a healthy run; anything else means trainer and engine log-probs disagree wildly.
-            "train/ratio_limited_fraction": totals["ratio_limited_tokens"] / tokens,
-            "train/clip_fraction": totals["clipped_tokens"] / tokens,
-            "train/ratio_mean": totals["ratio_sum"] / tokens,
-            "train/kl": totals["kl_sum"] / tokens,
-            "train/entropy": totals["entropy_sum"] / tokens,
-            "train/grad_norm": float(results[0]["grad_norm"]),
-            "train/lr": float(results[0]["lr"]),
-            "train/optimizer_steps": float(results[0]["optimizer_steps"]),
-            "train/tokens": totals["tokens"],
-            "train/dropped_stale": float(stale),
-            "train/used_samples": float(index_B.numel()),
-            **agreement,
-            "time/update_s": update_s,
-            "time/rank_update_s": max(float(r["seconds"]) for r in results),
-            "time/rollout_s": rollout_s,
-            "time/reward_s": float(rollout.info.get("reward_seconds", float("nan"))),
-            **completion_metrics(
-                rollout, max_new_tokens=cfg.rollout.max_new_tokens, eos_token_ids=self.special_tokens.eos_token_ids
-            ),
-            **throughput_metrics(
-                rollout_tokens=float(rollout.completion_mask_B_C.sum()),
-                rollout_s=rollout_s,
-                update_tokens=totals["tokens"],
-                update_s=update_s,
-            ),
-            "version/trainer": float(self.versions.trainer_version),
-            "version/engine": float(self.versions.engine_version),
-            "version/behaviour_min": float(rollout.behaviour_versions_B.min()),
-            **{k: float(v) for k, v in rollout.info.get("dynamic_sampling", {}).items()},
-        }
+        self._record_trainer_version("update", results, engine)
+        stats = self._update_stats(rollout, results, stale=stale, used=index_B.numel(), began=start)
         if self.metrics is not None:
             self.metrics.log(self.step, stats)
             self.metrics.log_text(self.step, "samples", samples_markdown(rollout))
-        self._check_entropy_bonus(stats["train/entropy"], advantages_B[index_B])
-        # NaN (no token of the trainer's version) compares False: nothing like-for-like to judge.
-        if agreement["agreement/logprob_absdiff_mean"] > cfg.inference.logprob_warn_threshold:
-            logger.warning(
-                "update %d: trainer and engine disagree: mean |logprob diff| %.4g (max %.4g, ratio in "
-                "[%.3f, %.3f]) > inference.logprob_warn_threshold=%g over the %d tokens of rows sampled wholly "
-                "by the trainer's v%d (engine serves %s, trainer computes in %s); corrupted engine weights, a dtype "
-                "mismatch, or top-k/top-p sampling?",
-                self.step,
-                agreement["agreement/logprob_absdiff_mean"],
-                agreement["agreement/logprob_absdiff_max"],
-                agreement["agreement/ratio_min"],
-                agreement["agreement/ratio_max"],
-                cfg.inference.logprob_warn_threshold,
-                int(totals["agreement_tokens"]),
-                trainer_version,
-                cfg.inference.dtype or cfg.model.dtype,
-                "bf16 (float32 master weights)" if cfg.train.mixed_precision == "bf16" else cfg.model.dtype,
-            )
+        self._warn_after_update(stats, rollout, advantages_B[index_B])
         if stale:
             logger.info(
                 "update %d: used %d samples, dropped %d stale (trainer v%d, max_staleness %d)",
@@ -1292,60 +726,77 @@ class Session:
         logger.debug("update %d: %s", self.step, stats)
         return stats
 
-    def _record_trainer_version(self, command: str, results: list[dict[str, Any]], colocated: bool) -> None:
+    def _update_stats(
+        self, rollout: Rollout, results: list[dict[str, Any]], *, stale: int, used: int, began: float
+    ) -> dict[str, float]:
+        """An update's metrics: the rollout's rewards and completions, the ranks' ``train/*`` and ``agreement/*``
+        (:func:`~rlsdk.observe.rollout_metrics.update_metrics`), timings, throughput and versions."""
+        from rlsdk.observe.rollout_metrics import update_metrics
+
+        update_s = time.perf_counter() - began
+        rollout_s = float(rollout.info.get("seconds", float("nan")))
+        ranks = update_metrics(results, world=self.config.launch.num_ranks)
+        return {
+            "step": float(self.step),
+            **reward_metrics(rollout),  # mean, std and each combine_rewards() component
+            **ranks,
+            "train/dropped_stale": float(stale),
+            "train/used_samples": float(used),
+            "time/update_s": update_s,
+            "time/rollout_s": rollout_s,
+            "time/reward_s": float(rollout.info.get("reward_seconds", float("nan"))),
+            **completion_metrics(
+                rollout,
+                max_new_tokens=self.config.rollout.max_new_tokens,
+                eos_token_ids=self.special_tokens.eos_token_ids,
+            ),
+            **throughput_metrics(
+                rollout_tokens=float(rollout.completion_mask_B_C.sum()),
+                rollout_s=rollout_s,
+                update_tokens=ranks["train/tokens"],
+                update_s=update_s,
+            ),
+            "version/trainer": float(self.versions.trainer_version),
+            "version/engine": float(self.versions.engine_version),
+            "version/behaviour_min": float(rollout.behaviour_versions_B.min()),
+            **{k: float(v) for k, v in rollout.info.get("dynamic_sampling", {}).items()},
+        }
+
+    def _warn_after_update(self, stats: dict[str, float], rollout: Rollout, advantages_B: Any) -> None:
+        """The update's warnings (see :mod:`rlsdk.observe.update_checks`): the entropy bonus once, at the first
+        update with a signal; the trainer/engine disagreement at every update past the threshold."""
+        from rlsdk.observe.update_checks import check_entropy_bonus, warn_on_disagreement
+
+        cfg = self.config
+        if not self._entropy_checked:
+            vocab = len(self.tokenizer) if self.tokenizer is not None else 0
+            self._entropy_checked = check_entropy_bonus(
+                cfg.algorithm.entropy_coef, stats["train/entropy"], advantages_B, vocab=vocab, step=self.step
+            )
+        warn_on_disagreement(
+            stats,
+            step=self.step,
+            threshold=cfg.inference.logprob_warn_threshold,
+            compared_version=self.versions.trainer_version - 1,  # the weights the update started from
+            served_dtype=cfg.inference.dtype or cfg.model.dtype,
+            trained_dtype="bf16 (float32 master weights)" if cfg.train.mixed_precision == "bf16" else cfg.model.dtype,
+        )
+
+    def _record_trainer_version(self, command: str, results: list[dict[str, Any]], engine: SessionEngine) -> None:
         """After an optimizer step on every rank (``update``, ``sft_update``): the ranks' one new version becomes the
-        trainer's, and ``session.step`` advances; colocated, the ranks' checksums wait for the next sync to verify.
+        trainer's, and ``session.step`` advances; the engine sees the results (its ``after_train`` hook).
         Raises ``VersionError`` when the ranks disagree."""
         versions = {int(r["version"]) for r in results}
         if len(versions) != 1:
             raise VersionError(f"ranks disagree on the trainer version after {command}: {sorted(versions)}")
-        if colocated:
-            self._updated_weights = (
-                self._broadcasts,
-                [{"version": r["version"], "checksum": r["checksum"]} for r in results],
-            )
+        engine.after_train(results, _Ranks(self))
         self.versions.trainer_version = versions.pop()
         set_log_context(version=self.versions.trainer_version)
         self.step += 1
 
-    def _check_entropy_bonus(self, entropy_mean: float, advantages_B: Any) -> None:
-        """Warn once when ``algorithm.entropy_coef`` x the batch's mean token entropy exceeds its mean |advantage|
-        (see :mod:`rlsdk.algorithms.entropy_check`); checked at the first update whose advantages are not all 0."""
-        import math
-
-        from rlsdk.algorithms.entropy_check import entropy_bonus_ratio, suggested_entropy_coef
-
-        coef = self.config.algorithm.entropy_coef
-        if self._entropy_checked or coef == 0:
-            return
-        ratio = entropy_bonus_ratio(coef, entropy_mean, advantages_B)
-        if math.isinf(ratio):
-            return  # no signal yet to compare with
-        self._entropy_checked = True
-        if ratio > 1.0:
-            vocab = len(self.tokenizer) if self.tokenizer is not None else 0
-            logger.warning(
-                "algorithm.entropy_coef=%g x mean token entropy %.3g nats (log V = %.3g for a vocabulary of %d) is "
-                "%.1fx the mean |advantage| %.3g of update %d: the entropy bonus, not the reward, drives the first "
-                "updates (a coefficient tuned on a small vocabulary weighs log V times more on a large one). "
-                "Consider entropy_coef <= %.2g (a tenth of the advantage scale) or 0; see docs/howto/algorithms.md",
-                coef,
-                entropy_mean,
-                math.log(vocab) if vocab > 1 else float("nan"),
-                vocab,
-                ratio,
-                float(advantages_B.abs().mean()),
-                self.step,
-                suggested_entropy_coef(advantages_B, entropy_mean),
-            )
-
     def _update_progress(self) -> tuple[int, int] | None:
         """Micro-batches done / total, summed over the ranks whose heartbeat reports the running update."""
-        current = self._channel.current_commands()
-        reported = [p for rank, p in self._channel.command_progress().items() if p and current.get(rank) == "update"]
-        if not reported:
-            return None
-        return sum(done for done, _ in reported), sum(total for _, total in reported)
+        return self._run.command_progress("update")
 
     async def sync_weights(self) -> WeightInfo:
         """Publish the trainer's weights to the engine; verify it serves the trainer's version and checksum.
@@ -1355,45 +806,14 @@ class Session:
         """
         engine = self._engine()
         start = time.perf_counter()
-        transfer = getattr(engine, "transfer", None)
-        if self.config.inference.engine == "colocated":
-            # The ranks generate with the weights they train: nothing moves. The engine checks that every rank
-            # serves the trainer's version with the same weights (rank 0's checksum is the trainer's).
-            updated, self._updated_weights = self._updated_weights, None
-            if updated is not None and updated[0] == self._broadcasts:
-                # No command since the update, which returned every rank's new checksum: verify those.
-                info = engine.verify(self.versions.trainer_version, updated[1])
-            else:
-                info = await engine.load_weights("", self.versions.trainer_version)
-            published = {"path": "", "version": info.version, "checksum": info.checksum}
-        elif getattr(transfer, "name", None) == "nccl" and self.config.train.lora_rank == 0:
-            # GPU path: no file. The engine's transfer has trainer rank 0 broadcast (rank command
-            # broadcast_weights_nccl) and checks the workers' checksums; what rank 0 sent is verified below.
-            info = await engine.load_weights("", self.versions.trainer_version)
-            published = {"path": "", **transfer.last_sent}
-        else:
-            results = await self._broadcast(
-                "export_weights",
-                {"publish_dir": self._publish_dir, "src": 0},
-                timeout_s=self.config.launch.command_timeout_s,
-            )
-            published = results[0]
-            # LoRA: published["path"] is an adapter directory, and only it moves (rlsdk.engine.lora).
-            info = await engine.load_weights(published["path"], published["version"])
-        expected = self.versions.trainer_version
-        if info.version != expected or info.checksum != published["checksum"]:
-            raise WeightMismatchError(
-                f"engine serves v{info.version} (checksum {info.checksum[:12]}) after sync, "
-                f"trainer published v{published['version']} (checksum {published['checksum'][:12]}), "
-                f"ledger expects v{expected}"
-            )
+        info = await engine.sync(_Ranks(self), self.versions.trainer_version)
         seconds = time.perf_counter() - start
-        self.versions.trainer_checksum = published["checksum"]
+        self.versions.trainer_checksum = info.checksum
         self.versions.record_sync(info.version, info.checksum, seconds)
         if self.metrics is not None:
             sync_stats = {"time/sync_s": seconds, "version/engine": float(info.version)}
-            if published.get("bytes") is not None:  # what the sync moved (a LoRA run: the adapter only)
-                sync_stats["sync/bytes"] = float(published["bytes"])
+            if info.bytes is not None:  # what the sync moved (a LoRA run: the adapter only)
+                sync_stats["sync/bytes"] = float(info.bytes)
             self.metrics.log(self.step, sync_stats)
         logger.debug("engine now serves v%d (sync %.3f s)", info.version, seconds)
         return info
@@ -1418,6 +838,7 @@ class Session:
                 :func:`~rlsdk.data.sft.tokenize_sft`), a row count that is not a positive multiple of the
                 rank count (nothing is dropped), or an ``lr`` that is not > 0.
         """
+        from rlsdk.algorithms.batching import shard_rows
         from rlsdk.data.sft import check_sft_batch, collate_sft, tokenize_sft
         from rlsdk.observe.rollout_metrics import sft_metrics
 
@@ -1436,24 +857,16 @@ class Session:
                 f"an SFT batch of {rows} rows cannot be split evenly over launch.num_ranks={world} ranks: use a "
                 f"multiple of {world} (every rank runs the same number of forward/backward passes)"
             )
-        discard_lookahead = getattr(engine, "discard_lookahead", None)
-        if discard_lookahead is not None:
-            discard_lookahead()  # sampled with the weights this step replaces
-        colocated = cfg.inference.engine == "colocated"
-        per_rank = rows // world
+        engine.before_train()
+        num_tokens = int(tensors["completion_mask_B_C"].sum())
+        fields = engine.train_fields(world, lambda: None)
         bodies = [
-            {
-                "shard": {k: v[r * per_rank : (r + 1) * per_rank] for k, v in tensors.items()},
-                "num_tokens": int(tensors["completion_mask_B_C"].sum()),
-                "lr": None if lr is None else float(lr),
-                "with_checksum": colocated,
-            }
-            for r in range(world)
+            {"shard": shard, "num_tokens": num_tokens, "lr": None if lr is None else float(lr), **fields[r]}
+            for r, shard in enumerate(shard_rows(tensors, world))
         ]
-        self._updated_weights = None
         start = time.perf_counter()
         results = await self._broadcast("sft_update", bodies, timeout_s=cfg.launch.command_timeout_s)
-        self._record_trainer_version("sft_update", results, colocated)
+        self._record_trainer_version("sft_update", results, engine)
         stats = {
             "step": float(self.step),
             **sft_metrics(results, seconds=time.perf_counter() - start),
@@ -1506,14 +919,10 @@ class Session:
         Raises ``ValueError`` for ``n < 1``, ``greedy`` with ``n > 1``, no prompts, an empty ``prefix``, or
         ``prompts=None`` with ``data.task='file'`` and no ``data.eval_path``; ``RewardError`` as :meth:`reward`.
         """
-        from rlsdk.evaluation import eval_seed, eval_workflow, held_out_prompts
-        from rlsdk.observe.rollout_metrics import pass_metrics
+        from rlsdk.evaluation import check_eval_args, eval_metrics, eval_seed, eval_workflow, held_out_prompts
 
         engine = self._engine()
-        if n < 1 or (greedy and n != 1):
-            raise ValueError(f"n={n!r} is invalid: allowed an int >= 1, and 1 with greedy=True (samples are equal)")
-        if not prefix or "/" in prefix:
-            raise ValueError(f"prefix={prefix!r} is invalid: allowed a non-empty metric namespace without '/'")
+        check_eval_args(n, greedy, prefix)
         if prompts is None:
             rows = self._held_out.get(num_prompts)
             if rows is None:  # the same held-out rows at every evaluation of this session
@@ -1528,22 +937,16 @@ class Session:
         start = time.perf_counter()
         rollout = await workflow.arun_batch(engine, rows, n, seed=eval_seed(self.config, self.step))
         rollout = await self._reward(rollout, reward_fn, timeout_s)
-        assert rollout.rewards_B is not None
-        metrics = {
-            **{k.replace("reward/", "eval/reward_", 1): v for k, v in reward_metrics(rollout).items()},
-            **pass_metrics(rollout.rewards_B, n, threshold=pass_threshold),
-            **completion_metrics(
-                rollout,
-                max_new_tokens=getattr(getattr(workflow, "params", None), "max_new_tokens", 0) or 1 << 30,
-                eos_token_ids=self.special_tokens.eos_token_ids,
-                prefix="eval/completion",
-            ),
-            "eval/num_prompts": float(len(rows)),
-            "eval/engine_version": float(min(rollout.versions) if rollout.versions else self.versions.engine_version),
-            "eval/seconds": time.perf_counter() - start,
-        }
-        if prefix != "eval":
-            metrics = {prefix + key[len("eval") :]: value for key, value in metrics.items()}
+        metrics = eval_metrics(
+            rollout,
+            n=n,
+            pass_threshold=pass_threshold,
+            max_new_tokens=getattr(getattr(workflow, "params", None), "max_new_tokens", 0) or 1 << 30,
+            eos_token_ids=self.special_tokens.eos_token_ids,
+            engine_version=self.versions.engine_version,
+            seconds=time.perf_counter() - start,
+            prefix=prefix,
+        )
         if self.metrics is not None:
             self.metrics.log(self.step, metrics)
             self.metrics.log_text(self.step, f"{prefix}/samples", samples_markdown(rollout))
@@ -1607,19 +1010,9 @@ class Session:
     async def trace(self, *, timeout_s: float = 2.0) -> Any:
         """Every rank's collective trace and thread stacks, compared now: a ``TraceReport`` (``print`` it, or
         show it in a notebook). Works while a command is stuck. Needs ``launch.tracer`` (else: stacks only)."""
-        from rlsdk.debug.analyze import analyze
-        from rlsdk.debug.watchdog import collect_states
-
         if self._channel is None or self._closed:
             raise SessionClosedError("the session is closed; start a new one with Session.start(config)")
-        if hasattr(self._channel, "trace"):  # the watchdog's channel (launch.tracer); it calls _record_trace
-            return await self._channel.trace(timeout_s=timeout_s)
-        states = await collect_states(
-            self._channel, self.config.launch.num_ranks, timeout_s, tail_dir=self.output_dir / "traces" / "live"
-        )
-        report = await asyncio.to_thread(analyze, states)
-        self._record_trace(report)
-        return report
+        return await self._run.trace(timeout_s)
 
     def _record_trace(self, report: Any) -> None:
         self.last_trace = report
@@ -1629,10 +1022,7 @@ class Session:
     def hung_command(self) -> Any:
         """The command the hang watchdog reported (a :class:`~rlsdk.debug.watchdog.HungCommand`: ``command``,
         ``report``, ``path``, ``seconds``) while it is still pending on the ranks; ``None`` otherwise."""
-        hung = getattr(self._channel, "hung", None)
-        if hung is not None and hung.task.done():
-            return None
-        return hung
+        return self._run.hung_command()
 
     async def keep_waiting(self, timeout_s: float | None = None) -> list[Any]:
         """After a ``CollectiveHangError``: wait on the hung command (still watched), instead of terminating the
@@ -1644,55 +1034,25 @@ class Session:
         """
         if self._channel is None or self._closed:
             raise SessionClosedError("the session is closed; start a new one with Session.start(config)")
-        if not hasattr(self._channel, "keep_waiting"):
-            raise RuntimeError("keep_waiting needs the hang watchdog (launch.tracer=True and launch.hang_timeout_s)")
-        return await self._channel.keep_waiting(timeout_s)
+        return await self._run.keep_waiting(timeout_s)
 
     def status(self) -> dict[str, Any]:
         """Ranks (pid, heartbeat age, current command and its ``(done, total)`` progress, alive), versions, the
         last batch's staleness verdict (``last_batch``: see :func:`rlsdk.observe.status.last_batch_staleness`),
         the latest collective trace's headline (``trace``) and a command the watchdog reported hung (``hung``),
         for humans and dashboards."""
-        from rlsdk.observe.status import diverged_at
+        from rlsdk.observe.status import hung_summary, trace_summary
 
-        ages = self._channel.heartbeat_ages() if self._channel is not None else {}
-        current = self._channel.current_commands() if self._channel is not None else {}
-        progress = self._channel.command_progress() if self._channel is not None else {}
-        trace = self.last_trace
         return {
             "closed": self._closed,
             "failure": None if self._failure is None else str(self._failure).splitlines()[0],
-            "ranks": {
-                rank: {
-                    "pid": info.get("pid"),
-                    "heartbeat_age_s": ages.get(rank),
-                    "command": current.get(rank),
-                    "progress": progress.get(rank),
-                    "alive": not self._closed
-                    and rank_alive(info.get("pid"), ages.get(rank), self.config.launch.heartbeat_timeout_s),
-                }
-                for rank, info in self.rank_info.items()
-            },
+            "ranks": self._run.rank_status(running=not self._closed),
             "trainer_version": self.versions.trainer_version,
             "engine_version": self.versions.engine_version,
             "in_sync": self.versions.in_sync,
             "step": self.step,
-            "trace": None
-            if trace is None
-            else {
-                "time": self.last_trace_time,
-                "ok": trace.ok,
-                "headline": str(trace).splitlines()[0],
-                "diverged": diverged_at(trace),
-            },
-            "hung": None
-            if self.hung_command is None
-            else {
-                "command": self.hung_command.command,
-                "seconds": self.hung_command.seconds,
-                "kind": getattr(self.hung_command.report.divergence, "kind", None),
-                "path": None if self.hung_command.path is None else str(self.hung_command.path),
-            },
+            "trace": trace_summary(self.last_trace, self.last_trace_time),
+            "hung": hung_summary(self.hung_command),
             "last_batch": last_batch_staleness(
                 self.metrics.history if self.metrics is not None else (), self.config.rollout.max_staleness
             ),

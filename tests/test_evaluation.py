@@ -63,3 +63,44 @@ def test_dashboard_plots_held_out_pass_at_1_always_and_sft_loss_once_logged() ->
 
     assert "held-out pass@1 (greedy)" in rl_only and "SFT loss" not in rl_only
     assert "SFT loss" in with_sft and "held-out pass@1 (sampled)" not in with_sft
+
+
+def test_eval_metrics_with_a_prefix_renames_every_namespace_and_counts_prompts_not_samples() -> None:
+    import torch
+
+    from rlsdk.evaluation import eval_metrics
+    from rlsdk.workflow.rollout import Rollout
+
+    mask_B_C = torch.tensor([[True, True], [True, False], [True, True], [True, True]])
+    rollout = Rollout(
+        rows=[{"prompt": "a"}, {"prompt": "b"}],
+        group_size=2,
+        prompt_ids_B_P=torch.ones(4, 1, dtype=torch.long),
+        prompt_mask_B_P=torch.ones(4, 1, dtype=torch.bool),
+        completion_ids_B_C=torch.tensor([[3, 1], [1, 0], [3, 3], [3, 1]]),
+        completion_mask_B_C=mask_B_C,
+        logprobs_B_C=torch.zeros(4, 2),
+        versions_B_C=torch.where(mask_B_C, 2, -1),
+        completions=["x", "", "xx", "x"],
+        rewards_B=torch.tensor([1.0, 0.0, 0.0, 1.0]),
+    )
+
+    metrics = eval_metrics(
+        rollout, n=2, pass_threshold=1.0, max_new_tokens=2, eos_token_ids=[1], engine_version=5, seconds=0.1,
+        prefix="eval_sampled",
+    )  # fmt: skip
+
+    assert metrics["eval_sampled/num_prompts"] == 2.0
+    assert metrics["eval_sampled/engine_version"] == 2.0  # the version that sampled, not the one serving now
+    assert metrics["eval_sampled/pass@1"] == pytest.approx(0.5, rel=1e-12)
+    assert metrics["eval_sampled/reward_mean"] == pytest.approx(0.5, rel=1e-12)
+    assert all(key.startswith("eval_sampled/") for key in metrics)
+
+
+def test_check_eval_args_greedy_with_several_samples_raises_naming_n() -> None:
+    from rlsdk.evaluation import check_eval_args
+
+    with pytest.raises(ValueError, match="n=2 is invalid"):
+        check_eval_args(2, True, "eval")
+    with pytest.raises(ValueError, match="prefix='a/b' is invalid"):
+        check_eval_args(1, True, "a/b")

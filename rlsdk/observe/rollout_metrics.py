@@ -175,3 +175,41 @@ def sft_metrics(results: Sequence[dict[str, float]], *, seconds: float) -> dict[
         "time/sft_s": seconds,
         "throughput/sft_tokens_per_s": tokens / seconds if seconds > 0 else math.nan,
     }
+
+
+_UPDATE_SUMS = (
+    "loss_sum", "clipped_tokens", "ratio_sum", "kl_sum", "entropy_sum", "tokens", "logprob_absdiff_sum",
+    "ratio_dev_sq_sum", "objective", "is_weight_sum", "is_capped_tokens", "agreement_tokens", "ratio_limited_tokens",
+)  # fmt: skip
+
+
+def update_metrics(results: Sequence[dict[str, float]], *, world: int) -> dict[str, float]:
+    """An RL update's ``train/*`` and ``agreement/*`` metrics from every rank's ``update`` result (sums over its
+    shard), means over the completion tokens, and ``time/rank_update_s`` (the slowest rank).
+
+    ``agreement/*`` compares the trainer's log-probabilities with the engine's behaviour log-probabilities on the
+    rows the trainer's weights sampled wholly (:func:`agreement_metrics`)."""
+    totals = {k: sum(float(r[k]) for r in results) for k in _UPDATE_SUMS}
+    maxima = {k: max(float(r[k]) for r in results) for k in ("logprob_absdiff_max", "ratio_max", "neg_ratio_min")}
+    tokens = max(totals["tokens"], 1.0)
+    return {
+        "train/loss": totals["loss_sum"] / tokens,
+        # The aggregated loss actually differentiated (per algorithm.loss_agg); each rank's share is scaled by the
+        # world size because DDP averages gradients.
+        "train/objective": totals["objective"] / world,
+        "train/is_weight_mean": totals["is_weight_sum"] / tokens,
+        "train/is_capped_fraction": totals["is_capped_tokens"] / tokens,
+        # Tokens whose log-ratio lay beyond algorithm.losses.LOG_RATIO_LIMIT (the overflow guard engaged): 0 in a
+        # healthy run; anything else means trainer and engine log-probs disagree wildly.
+        "train/ratio_limited_fraction": totals["ratio_limited_tokens"] / tokens,
+        "train/clip_fraction": totals["clipped_tokens"] / tokens,
+        "train/ratio_mean": totals["ratio_sum"] / tokens,
+        "train/kl": totals["kl_sum"] / tokens,
+        "train/entropy": totals["entropy_sum"] / tokens,
+        "train/grad_norm": float(results[0]["grad_norm"]),
+        "train/lr": float(results[0]["lr"]),
+        "train/optimizer_steps": float(results[0]["optimizer_steps"]),
+        "train/tokens": totals["tokens"],
+        **agreement_metrics(totals, maxima),
+        "time/rank_update_s": max(float(r["seconds"]) for r in results),
+    }

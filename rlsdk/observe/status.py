@@ -165,3 +165,24 @@ def format_status_text(status: Mapping[str, Any], history: Iterable[tuple[int, M
                 parts.append(f"{title} {sum(metrics[key] for key in keys):.4g}")
         lines.append(f"step {step}: " + ", ".join(parts))
     return "\n".join(lines)
+
+
+def trace_summary(report: Any, taken_at: float | None) -> dict[str, Any] | None:
+    """``Session.status()['trace']``: a collective trace's time, verdict, headline and where the ranks diverged;
+    None without one."""
+    if report is None:
+        return None
+    return {"time": taken_at, "ok": report.ok, "headline": str(report).splitlines()[0], "diverged": diverged_at(report)}
+
+
+def hung_summary(hung: Any) -> dict[str, Any] | None:
+    """``Session.status()['hung']``: the command the hang watchdog reported hung (a ``HungCommand``), its age,
+    the divergence kind and the saved report's path; None when nothing is hung."""
+    if hung is None:
+        return None
+    return {
+        "command": hung.command,
+        "seconds": hung.seconds,
+        "kind": getattr(hung.report.divergence, "kind", None),
+        "path": None if hung.path is None else str(hung.path),
+    }

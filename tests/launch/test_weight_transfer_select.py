@@ -245,17 +245,31 @@ def test_cuda_state_dict_on_a_machine_without_cuda_raises_naming_gpus_per_node()
         nccl_sync.cuda_state_dict({"w": torch.zeros(1)})
 
 
-class _FakeNcclEngine:
-    """A vLLM engine on the GPU path as sync_weights sees it: the transfer already verified the workers."""
+class _SentTransfer:
+    """The NCCL transfer as the engine's sync sees it: it already verified the workers; ``last_sent`` is rank 0's."""
 
-    def __init__(self, sent: dict[str, Any], serves: WeightInfo) -> None:
-        self.transfer = type("T", (), {"name": "nccl", "last_sent": sent})()
-        self.serves = serves
-        self.loaded: list[tuple[str, int]] = []
+    name = "nccl"
 
-    async def load_weights(self, path: str, version: int) -> WeightInfo:
-        self.loaded.append((path, version))
-        return self.serves
+    def __init__(self, sent: dict[str, Any]) -> None:
+        self.last_sent = sent
+
+    def server_args(self) -> list[str]:
+        return []
+
+
+def _nccl_engine(sent: dict[str, Any], serves: WeightInfo) -> tuple[Any, list[tuple[str, int]]]:
+    """A real VLLMEngine on the NCCL path whose server answers a load with ``serves`` (no server is reached)."""
+    from rlsdk.engine.inference.vllm import VLLMEngine
+
+    engine = VLLMEngine("http://127.0.0.1:9", pad_token_id=0, transfer=_SentTransfer(sent))  # type: ignore[arg-type]
+    loaded: list[tuple[str, int]] = []
+
+    async def load_weights(path: str, version: int) -> WeightInfo:
+        loaded.append((path, version))
+        return serves
+
+    engine.load_weights = load_weights  # type: ignore[method-assign]
+    return engine, loaded
 
 
 def test_session_sync_weights_on_the_nccl_path_sends_no_file_and_records_the_verified_sync(
@@ -263,12 +277,12 @@ def test_session_sync_weights_on_the_nccl_path_sends_no_file_and_records_the_ver
 ) -> None:
     session = Session(small_config)
     session.versions.trainer_version = 1
-    session.engine = engine = _FakeNcclEngine({"version": 1, "checksum": "c1" * 32}, WeightInfo(1, "c1" * 32))
+    session.engine, loaded = _nccl_engine({"version": 1, "checksum": "c1" * 32}, WeightInfo(1, "c1" * 32))
 
     info = asyncio.run(session.sync_weights())
 
     assert info == WeightInfo(1, "c1" * 32)
-    assert engine.loaded == [("", 1)]
+    assert loaded == [("", 1)]
     assert (session.versions.engine_version, session.versions.trainer_checksum) == (1, "c1" * 32)
 
 
@@ -277,7 +291,7 @@ def test_session_sync_weights_on_the_nccl_path_when_the_engine_serves_other_weig
 ) -> None:
     session = Session(small_config)
     session.versions.trainer_version = 1
-    session.engine = _FakeNcclEngine({"version": 1, "checksum": "c1" * 32}, WeightInfo(1, "ff" * 32))
+    session.engine, _ = _nccl_engine({"version": 1, "checksum": "c1" * 32}, WeightInfo(1, "ff" * 32))
 
     with pytest.raises(WeightMismatchError, match="engine serves v1"):
         asyncio.run(session.sync_weights())

@@ -15,6 +15,7 @@ from rlsdk.observe.rollout_metrics import (
     reward_metrics,
     samples_markdown,
     throughput_metrics,
+    update_metrics,
 )
 from rlsdk.workflow.rollout import Rollout
 
@@ -102,3 +103,34 @@ def test_render_samples_html_shows_the_latest_samples_table_escaped() -> None:
     out = render_samples_html({"samples": (7, text)})
 
     assert "(step 7)" in out and "<th>prompt</th>" in out and "<td>p0|x</td>" in out and "---" not in out
+
+
+def _rank_result(tokens: float, **overrides: float) -> dict[str, float]:
+    result = {
+        "loss_sum": 2.0, "clipped_tokens": 1.0, "ratio_sum": tokens, "kl_sum": 0.5, "entropy_sum": 3.0,
+        "tokens": tokens, "logprob_absdiff_sum": 0.2, "ratio_dev_sq_sum": 0.04, "objective": 0.6,
+        "is_weight_sum": tokens, "is_capped_tokens": 0.0, "logprob_absdiff_max": 0.1, "ratio_max": 1.2,
+        "neg_ratio_min": -0.9, "grad_norm": 1.5, "lr": 1e-3, "optimizer_steps": 2.0, "seconds": 0.3,
+        "agreement_tokens": tokens, "ratio_limited_tokens": 0.0,
+    }  # fmt: skip
+    result.update(overrides)
+    return result
+
+
+def test_update_metrics_sums_rank_shards_into_token_means_and_takes_rank0_optimizer_state() -> None:
+    results = [_rank_result(4.0), _rank_result(6.0, logprob_absdiff_max=0.4, neg_ratio_min=-0.7, seconds=0.5)]
+
+    metrics = update_metrics(results, world=2)
+
+    assert metrics["train/tokens"] == 10.0
+    assert metrics["train/loss"] == pytest.approx(4.0 / 10.0, rel=1e-12)
+    assert metrics["train/objective"] == pytest.approx(1.2 / 2, rel=1e-12)  # DDP averages each rank's share
+    assert metrics["train/ratio_mean"] == pytest.approx(1.0, rel=1e-12)
+    assert metrics["agreement/logprob_absdiff_mean"] == pytest.approx(0.04, rel=1e-12)
+    assert metrics["agreement/logprob_absdiff_max"] == 0.4
+    assert metrics["agreement/ratio_rms_dev"] == pytest.approx(math.sqrt(0.008), rel=1e-12)
+    assert metrics["agreement/ratio_min"] == 0.7
+    assert metrics["agreement/tokens"] == 10.0 and metrics["train/ratio_limited_fraction"] == 0.0
+    assert metrics["train/grad_norm"] == 1.5 and metrics["train/optimizer_steps"] == 2.0
+    assert metrics["time/rank_update_s"] == 0.5
+    assert all(key.split("/")[0] in {"train", "agreement", "time"} for key in metrics)

@@ -9,9 +9,11 @@ The trade-off: generation and training run one after the other on the same proce
 (generation overlapped with training) has nothing to overlap and is refused by the config; with 'fsdp2' every
 rank would have to run the same number of decode steps (its forward all-gathers), also refused.
 
-Look-ahead (``inference.lookahead``): the Session asks for the next batch inside the ``update`` command
-(:meth:`ColocatedEngine.lookahead_bodies`, then :meth:`ColocatedEngine.hold` with the ranks' results), so the
-next ``generate`` of exactly those prompts and params is answered without a round trip to the ranks.
+Look-ahead (``inference.lookahead``): the engine's own business. Its :meth:`ColocatedEngine.train_fields` asks
+the ranks to sample the next default rollout's batch inside the ``update`` command
+(:meth:`ColocatedEngine.lookahead_bodies`), and :meth:`ColocatedEngine.after_train` keeps their results
+(:meth:`ColocatedEngine.hold`), so the next ``generate`` of exactly those prompts and params is answered without a
+round trip to the ranks.
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ from typing import Any
 
 import torch
 
-from rlsdk.engine.inference.protocol import GenerateResult, SamplingParams, WeightInfo
+from rlsdk.engine.inference.protocol import (
+    EngineContext,
+    EngineLifecycle,
+    GenerateResult,
+    SamplingParams,
+    TrainerHandle,
+    WeightInfo,
+    check_synced,
+)
 from rlsdk.generation.sampling import validate_params
 from rlsdk.generation.stopping import check_stop_strings, token_id_list
 from rlsdk.observe.logging import get_logger
@@ -58,7 +68,7 @@ def unpack_prompts(body: dict[str, torch.Tensor]) -> list[list[int]]:
     return [distinct[row] for row in body["prompt_rows"].tolist()]
 
 
-class ColocatedEngine:
+class ColocatedEngine(EngineLifecycle):
     """An :class:`~rlsdk.engine.inference.protocol.InferenceEngine` whose generations run on the train ranks.
 
     ``generate`` splits the prompts into ``num_ranks`` contiguous, near-equal shares (a GRPO group stays on one
@@ -95,6 +105,25 @@ class ColocatedEngine:
         self._planned: tuple[list[list[int]], SamplingParams] | None = None
         self._held: tuple[list[list[int]], SamplingParams, list[dict[str, Any]]] | None = None
         self.lookahead_hits = 0  # generate calls answered from a look-ahead result
+        self.lookahead = False  # inference.lookahead: sample the next batch inside each update (see build())
+        # After an update: (trainer.commands_sent then, every rank's new version and checksum from it); the next
+        # sync verifies these instead of asking again if no rank command ran in between.
+        self._trained: tuple[int, list[dict[str, Any]]] | None = None
+
+    @classmethod
+    def build(cls, context: EngineContext) -> ColocatedEngine:
+        """The Session's colocated engine (``inference.engine='colocated'``): generations run on its ranks."""
+        cfg = context.config
+        trainer = context.trainer
+        engine = cls(
+            lambda command, body: trainer.broadcast(command, body, timeout_s=cfg.launch.command_timeout_s),
+            cfg.launch.num_ranks,
+            pad_token_id=context.special_tokens.pad_token_id,
+            eos_token_id=context.special_tokens.eos_token_ids,
+            max_batch_size=cfg.inference.max_batch_size,
+        )
+        engine.lookahead = bool(cfg.inference.lookahead)
+        return engine
 
     @property
     def version(self) -> int:
@@ -229,6 +258,48 @@ class ColocatedEngine:
             )
         self._version, self._checksum = version, checksum
         return WeightInfo(version=version, checksum=checksum)
+
+    async def sync(self, trainer: TrainerHandle, version: int) -> WeightInfo:
+        """Nothing moves: the ranks generate with the weights they train. Verifies that every rank serves
+        ``version`` with rank 0's checksum (the trainer's), from the checksums the update returned when no rank
+        command ran since, else by asking the ranks."""
+        trained, self._trained = self._trained, None
+        if trained is not None and trained[0] == trainer.commands_sent:
+            info = self.verify(version, trained[1])
+        else:
+            info = await self.load_weights("", version)
+        return check_synced(info, {"version": info.version, "checksum": info.checksum}, version)
+
+    def before_train(self) -> None:
+        self.discard_lookahead()  # sampled with the weights the update replaces
+        self._trained = None
+
+    def train_fields(
+        self, world: int, next_request: Callable[[], tuple[Sequence[Sequence[int]], SamplingParams] | None]
+    ) -> list[dict[str, Any]]:
+        """Every rank returns its new checksum with the update (the next sync verifies them without a round trip)
+        and, with ``inference.lookahead``, samples ``next_request()``'s batch right after it (:meth:`hold`)."""
+        request = next_request() if self.lookahead else None
+        bodies = None
+        if request is not None:
+            try:
+                bodies = self.lookahead_bodies(*request)
+            except Exception:  # e.g. an empty prompt: the rollout() that takes these rows raises it
+                logger.debug("no look-ahead: the next batch's request is invalid", exc_info=True)
+        return [
+            {"with_checksum": True, **({"then_generate": bodies[rank]} if bodies is not None else {})}
+            for rank in range(world)
+        ]
+
+    def after_train(self, results: list[dict[str, Any]], trainer: TrainerHandle) -> None:
+        """Keep the ranks' new checksums for the next sync and their look-ahead samples for the next generate."""
+        if self._planned is not None:
+            generated = [r.pop("then_generate", None) for r in results]
+            errors = [r.pop("then_generate_error", None) for r in results]
+            if any(error is not None for error in errors):
+                logger.debug("look-ahead generation failed on the ranks (the next rollout retries): %s", errors)
+            self.hold(None if any(g is None for g in generated) else generated)
+        self._trained = (trainer.commands_sent, [{"version": r["version"], "checksum": r["checksum"]} for r in results])
 
     async def weight_info(self) -> WeightInfo:
         """The version and checksum of the last sync (or of the start)."""

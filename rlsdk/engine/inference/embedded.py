@@ -19,7 +19,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
-from rlsdk.engine.inference.protocol import GenerateResult, SamplingParams, WeightInfo
+from rlsdk.engine.inference.protocol import EngineContext, EngineLifecycle, GenerateResult, SamplingParams, WeightInfo
 from rlsdk.engine.weights import state_dict_checksum
 from rlsdk.generation.sampling import sample_completions
 from rlsdk.generation.stopping import SpecialTokens, StopCriteria, resolve_special_tokens, token_id_list
@@ -72,7 +72,7 @@ def single_thread_caller() -> Callable[[], None]:
     return restore
 
 
-class EmbeddedEngine:
+class EmbeddedEngine(EngineLifecycle):
     """An :class:`~rlsdk.engine.inference.protocol.InferenceEngine` over an in-process transformers model.
 
     Build it with :meth:`from_pretrained`. All model work runs on one dedicated worker thread (a single-thread
@@ -116,6 +116,7 @@ class EmbeddedEngine:
         self._generator = torch.Generator(device=next(self._model.parameters()).device)
         self._generator.seed()
         self._closed = False
+        self._serves_model_as_trained = False  # see build() and verify_initial()
         # A load requested while a generation runs: (path, version); the generation applies it between decode
         # steps. _applied is the last (path, version) loaded, so the queued load job does not load it twice.
         self._pending_lock = threading.Lock()
@@ -181,6 +182,49 @@ class EmbeddedEngine:
         )
         engine._tokenizer_path = path
         return engine
+
+    @classmethod
+    async def build(cls, context: EngineContext) -> EmbeddedEngine:
+        """The Session's embedded engine (``inference.engine='embedded'``): ``model.path`` in ``inference.dtype``,
+        loaded on a worker thread."""
+        cfg = context.config
+        inference = cfg.inference
+        engine = await asyncio.to_thread(
+            cls.from_pretrained,
+            cfg.model.path,
+            dtype=inference.dtype or cfg.model.dtype,
+            num_threads=inference.num_threads if inference.num_threads is not None else context.num_threads,
+            max_batch_size=inference.max_batch_size,
+            special_tokens=context.special_tokens,
+        )
+        # Loaded from model.path in the trainer's dtype, full weights: its checksum is comparable with the
+        # trainer's v0 as it is, so the start needs no sync (see verify_initial).
+        engine._serves_model_as_trained = (inference.dtype or cfg.model.dtype) == cfg.model.dtype
+        return engine
+
+    async def verify_initial(self, trainer: Any, *, resumed: bool) -> WeightInfo | None:
+        """Check the weights loaded from ``model.path`` against the trainer's v0 without a sync. A resumed
+        trainer is at the checkpoint's version, which this engine is not; with LoRA it serves the base alone
+        until it loads the trainer's v0 adapter (the base both sides loaded is checked here); an engine serving
+        another dtype checksums the published bytes it loads. Those are synced (None)."""
+        from rlsdk.versioning import WeightMismatchError
+
+        served = await self.weight_info()
+        if trainer.get("base_checksum") is not None:
+            # LoRA: the adapter sync verifies only the adapter; the base both sides loaded is checked here.
+            if served.checksum != trainer["base_checksum"]:
+                raise WeightMismatchError(
+                    f"LoRA base weights differ: trainer {trainer['base_checksum'][:12]}, engine {served.checksum[:12]}"
+                )
+            return None
+        if resumed or not self._serves_model_as_trained:
+            return None
+        if served.checksum != trainer["checksum"] or served.version != trainer["version"]:
+            raise WeightMismatchError(
+                f"initial weights differ: trainer v{trainer['version']} checksum {trainer['checksum'][:12]}, "
+                f"engine v{served.version} checksum {served.checksum[:12]}"
+            )
+        return served
 
     @property
     def pad_token_id(self) -> int:

@@ -29,7 +29,15 @@ from typing import Any
 
 import torch
 
-from rlsdk.engine.inference.protocol import GenerateResult, SamplingParams, WeightInfo
+from rlsdk.engine.inference.protocol import (
+    EngineContext,
+    EngineLifecycle,
+    GenerateResult,
+    SamplingParams,
+    TrainerHandle,
+    WeightInfo,
+    check_synced,
+)
 from rlsdk.engine.inference.vllm_auth import TOKEN_ENV
 from rlsdk.engine.inference.vllm_server import SERVED_MODEL_NAME, InferenceServerError, VLLMServer, http_client
 from rlsdk.engine.inference.weight_transfer import FileWeightTransfer, WeightTransfer, check_worker_results
@@ -135,7 +143,7 @@ def _parse_version(value: Any) -> int:
         return -1  # "default": the server never had a version set by rlsdk
 
 
-class VLLMEngine:
+class VLLMEngine(EngineLifecycle):
     """An :class:`~rlsdk.engine.inference.protocol.InferenceEngine` over a vLLM server's HTTP API.
 
     Build it with :meth:`start` (launch and supervise a server) or :meth:`attach` (use a running one). Token
@@ -255,6 +263,51 @@ class VLLMEngine:
             await engine.close()
             raise
         return engine
+
+    @classmethod
+    async def build(cls, context: EngineContext) -> VLLMEngine:
+        """The Session's vLLM engine (``inference.engine='vllm'``): attached to ``inference.url`` or to the replica
+        a Slurm job started, else a server started on a Unix socket in the Session's runtime directory, loading
+        weights only from its publish directory. ``inference.weight_transfer`` 'auto': NCCL broadcast from
+        trainer rank 0 on GPU nodes, else the file reload."""
+        from rlsdk.engine.inference.weight_transfer import (
+            NCCL_RANK_COMMAND,
+            RankCommandTrainer,
+            select_weight_transfer,
+        )
+
+        cfg, inference, ranks = context.config, context.config.inference, context.trainer
+        trainer = RankCommandTrainer(lambda body, t: ranks.broadcast(NCCL_RANK_COMMAND, body, timeout_s=t))
+        transfer = select_weight_transfer(cfg.launch, trainer, inference.weight_transfer)
+        url, token = inference.url, None  # an attached server's token: VLLM_API_KEY (attach)
+        launcher = context.launcher
+        if url is None and getattr(launcher, "vllm_replicas", 0) > 0:
+            # The Slurm job runs the replica on a node of its own; its endpoint comes back once it is healthy.
+            url = await launcher.wait_for_endpoint(
+                0, timeout_s=cfg.launch.start_timeout_s + inference.server_start_timeout_s
+            )
+            token = launcher.vllm_token
+        common: dict[str, Any] = {
+            "lora_rank": cfg.train.lora_rank,
+            "request_timeout_s": inference.request_timeout_s,
+            "sync_timeout_s": inference.sync_timeout_s,
+            "transfer": transfer,
+            "special_tokens": context.special_tokens,
+        }
+        if url is not None:
+            return await cls.attach(url, cfg.model.path, token=token, **common)
+        return await cls.start(
+            cfg.model.path,
+            kv_cache_gib=inference.kv_cache_gib,
+            max_model_len=inference.max_model_len,
+            extra_server_args=inference.extra_server_args,
+            start_timeout_s=inference.server_start_timeout_s,
+            on_line=context.on_line,
+            runtime_dir=context.runtime_dir,
+            weights_dir=context.publish_dir,
+            dtype=inference.dtype or cfg.model.dtype,
+            **common,
+        )
 
     @classmethod
     async def attach(
@@ -617,6 +670,23 @@ class VLLMEngine:
         if len(checksums) != 1:
             raise RuntimeError(f"vLLM server workers at {self.url} report different weights: {checksums}")
         return WeightInfo(version=_parse_version(body.get("weight_version")), checksum=checksums.pop() or "")
+
+    async def sync(self, trainer: TrainerHandle, version: int) -> WeightInfo:
+        """The trainer's ``version`` to this server by its transfer, verified. NCCL (GPU, full weights): no file,
+        the transfer has trainer rank 0 broadcast and checks the workers' checksums, and what rank 0 sent is
+        verified here. Otherwise rank 0 publishes a file (a LoRA run: the adapter directory) and the server loads
+        it (reload or in-place)."""
+        if self.transfer.name == "nccl" and self.lora_name is None:
+            info = await self.load_weights("", version)
+            return check_synced(info, {"path": "", **self.transfer.last_sent}, version)  # type: ignore[attr-defined]
+        return await super().sync(trainer, version)
+
+    async def wait_failure(self) -> BaseException:
+        """An unexpected exit of the server this engine started (an attached one is not supervised here)."""
+        if self.server is None:
+            return await super().wait_failure()
+        code = await self.server.wait()
+        return self.server.error(f"exited unexpectedly (exit code {code})")
 
     async def close(self) -> None:
         """Close the HTTP client and stop the server if this engine started it. Idempotent."""
