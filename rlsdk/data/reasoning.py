@@ -292,8 +292,9 @@ def build_reasoning_policy(
         RuntimeError: the tokenizer transformers loads back from ``path`` does not encode like the one trained
             (a transformers version that rebuilds it differently).
     """
-    import torch
-    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config
+
+    from rlsdk.data.models import seeded_qwen2
 
     path = Path(path)
     if all((path / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json")):
@@ -321,12 +322,7 @@ def build_reasoning_policy(
         eos_token_id=eos_ids,
         pad_token_id=tokenizer.pad_token_id,
     )
-    rng_state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
-    finally:
-        torch.random.set_rng_state(rng_state)
+    model = seeded_qwen2(config, seed)
     model.generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)

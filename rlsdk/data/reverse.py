@@ -98,8 +98,9 @@ def build_tiny_policy(
     Raises:
         ValueError: ``hidden_size`` not divisible by ``num_heads``, or a size < 1.
     """
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, Qwen2Config
+
+    from rlsdk.data.models import seeded_qwen2
 
     path = Path(path)
     if _is_complete_model_dir(path):
@@ -131,12 +132,7 @@ def build_tiny_policy(
         bos_token_id=tokenizer.bos_token_id,
         use_cache=True,
     )
-    rng_state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
-    finally:
-        torch.random.set_rng_state(rng_state)
+    model = seeded_qwen2(config, seed)
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

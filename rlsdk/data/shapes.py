@@ -114,8 +114,9 @@ def build_shape_policy(
     Raises:
         ValueError: an unknown shape name, or ``hidden_size`` not divisible by ``num_heads``.
     """
-    import torch
-    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config
+
+    from rlsdk.data.models import seeded_qwen2
 
     if isinstance(shape, str):
         if shape not in SHAPES:
@@ -149,12 +150,7 @@ def build_shape_policy(
         bos_token_id=None,
         use_cache=True,
     )
-    rng_state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
-    finally:
-        torch.random.set_rng_state(rng_state)
+    model = seeded_qwen2(config, seed)
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=eos)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)

@@ -476,6 +476,22 @@ class TrainEngine:
             "uniform_calls": self.fsdp2,
         }
 
+    def _forward(
+        self, model: Any, mb: dict[str, torch.Tensor], **options: Any
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:func:`completion_logprobs` of ``model`` over the micro-batch ``mb``, under the mixed-precision
+        context; ``options`` are its keyword arguments (see :meth:`_logits_options`)."""
+        with self._autocast():
+            return completion_logprobs(
+                model,
+                mb["prompt_ids_B_P"],
+                mb["prompt_mask_B_P"],
+                mb["completion_ids_B_C"],
+                mb["completion_mask_B_C"],
+                attention_mask_B_C=mb.get("completion_attention_mask_B_C"),
+                **options,
+            )
+
     @torch.no_grad()
     def proximal_logprobs(
         self, shard: dict[str, torch.Tensor]
@@ -497,16 +513,7 @@ class TrainEngine:
         parts = []
         for lo in range(0, batch, micro):
             mb = {name: tensor[lo : lo + micro] for name, tensor in shard.items()}
-            with self._autocast():
-                logprobs_B_C, _ = completion_logprobs(
-                    self.model,
-                    mb["prompt_ids_B_P"],
-                    mb["prompt_mask_B_P"],
-                    mb["completion_ids_B_C"],
-                    mb["completion_mask_B_C"],
-                    attention_mask_B_C=mb.get("completion_attention_mask_B_C"),
-                    **self._logits_options(),
-                )
+            logprobs_B_C, _ = self._forward(self.model, mb, **self._logits_options())
             parts.append(logprobs_B_C.detach())
         old_B_C = torch.cat(parts)
         valid_B_C = _agreement_tokens(shard)
@@ -609,35 +616,16 @@ class TrainEngine:
             last = index == len(micro_batches) - 1
             sync_ctx = contextlib.nullcontext() if last else self._no_sync()
             with sync_ctx:
-                with self._autocast():
-                    logprobs_B_C, entropy_B_C = completion_logprobs(
-                        self.model,
-                        mb["prompt_ids_B_P"],
-                        mb["prompt_mask_B_P"],
-                        mb["completion_ids_B_C"],
-                        mb["completion_mask_B_C"],
-                        attention_mask_B_C=mb.get("completion_attention_mask_B_C"),
-                        with_entropy=True,
-                        entropy_grad=entropy_grad,
-                        **logits_options,
-                    )
+                logprobs_B_C, entropy_B_C = self._forward(
+                    self.model, mb, with_entropy=True, entropy_grad=entropy_grad, **logits_options
+                )
                 ref_logprobs_B_C = None
                 if self.ref_model is not None:
-                    with torch.no_grad(), self._autocast():
-                        ref_logprobs_B_C, _ = completion_logprobs(
-                            self.ref_model,
-                            mb["prompt_ids_B_P"],
-                            mb["prompt_mask_B_P"],
-                            mb["completion_ids_B_C"],
-                            mb["completion_mask_B_C"],
-                            attention_mask_B_C=mb.get("completion_attention_mask_B_C"),
-                            # Not checkpointed and not sharded: its own prompt sharing, any model calls.
-                            **{
-                                **logits_options,
-                                "share_prompts": cfg.train.share_prompt_prefix,
-                                "uniform_calls": False,
-                            },
-                        )
+                    with torch.no_grad():
+                        # Not checkpointed and not sharded: its own prompt sharing, any model calls.
+                        ref_options = {**logits_options, "share_prompts": cfg.train.share_prompt_prefix}
+                        ref_options["uniform_calls"] = False
+                        ref_logprobs_B_C, _ = self._forward(self.ref_model, mb, **ref_options)
                 correct = algo.off_policy != "none"
                 loss, metrics = policy_loss(
                     logprobs_B_C,
@@ -746,15 +734,7 @@ class TrainEngine:
         logits_options = {**self._logits_options(), "temperature": 1.0}
         for index, mb in enumerate(micro_batches):
             with contextlib.nullcontext() if index == len(micro_batches) - 1 else self._no_sync():
-                with self._autocast():
-                    logprobs_B_C, _ = completion_logprobs(
-                        self.model,
-                        mb["prompt_ids_B_P"],
-                        mb["prompt_mask_B_P"],
-                        mb["completion_ids_B_C"],
-                        mb["completion_mask_B_C"],
-                        **logits_options,
-                    )
+                logprobs_B_C, _ = self._forward(self.model, mb, **logits_options)  # SFT rows: no attention mask
                 loss, metrics = sft_loss(logprobs_B_C, mb["completion_mask_B_C"], num_tokens=denom)
                 self.accelerator.backward(loss)
             sums += torch.stack([metrics["nll_sum"], metrics["tokens"]])
