@@ -35,15 +35,24 @@ def _modes(root: Path) -> dict[Path, tuple[int, str]]:
     return out
 
 
+def _descendants() -> set[int]:
+    import psutil
+
+    return {child.pid for child in psutil.Process(os.getpid()).children(recursive=True)}
+
+
 async def _observe(config: SessionConfig) -> dict[str, Any]:
     seen: dict[str, Any] = {}
+    # Processes of other runs in this test process (a suite-scoped vLLM Session started by an earlier test
+    # module) are not this run's: only what the Session starts is observed.
+    others = _descendants()
     session = await Session.start(config)
     try:
         rollout = await session.reward(await session.rollout(), reverse_reward)
         await session.update(rollout)
         await session.sync_weights()
         await session.save_checkpoint()
-        seen["listeners"] = tree_listeners(os.getpid())
+        seen["listeners"] = [lst for lst in tree_listeners(os.getpid()) if lst.pid not in others]
         seen["rank_pids"] = {info["pid"] for info in session.rank_info.values()}
         seen["channel_address"] = session._channel.address
         runtime_dir = getattr(session, "_runtime_dir", None)  # None: a Session without one (before issue 19)
