@@ -14,6 +14,7 @@ import signal
 import socket
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from rlsdk.observe.logging import get_logger
 
@@ -110,6 +111,46 @@ async def wait_group_gone(pgid: int, timeout_s: float = 5.0) -> None:
         except (ProcessLookupError, PermissionError):
             return
         await asyncio.sleep(0.05)
+
+
+# multiprocessing's resource tracker: started by a process that creates named semaphores or shared memory with the
+# 'spawn' or 'forkserver' method, it unlinks what its clients leave once the last of them is gone. It ignores SIGTERM
+# and SIGINT for that reason; a SIGKILL of its whole process group kills it before it can clean up.
+_RESOURCE_TRACKER = "multiprocessing.resource_tracker"
+
+
+def _group_members(pgid: int) -> list[Any]:
+    import psutil
+
+    members = []
+    for process in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(process.pid) == pgid:
+                members.append(process)
+    return members
+
+
+async def kill_group(pgid: int, *, tracker_grace_s: float = 5.0) -> None:
+    """SIGKILL every process of group ``pgid`` except multiprocessing's resource trackers, wait until the group is
+    gone, and SIGKILL the trackers only if they outlive ``tracker_grace_s``.
+
+    A tracker sees its clients die, unlinks the semaphores (``/dev/shm/sem.mp-*``) and shared memory they left, and
+    exits: killing it with the rest leaves those in ``/dev/shm`` (shared by every user, kept until reboot).
+
+    Raises:
+        ValueError: ``pgid`` <= 1, as :func:`signal_group`.
+    """
+    _check_child_group(pgid)
+    trackers = []
+    for process in _group_members(pgid):
+        if any(_RESOURCE_TRACKER in part for part in process.info["cmdline"] or ()):
+            trackers.append(process)
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(process.pid, signal.SIGKILL)
+    if trackers:
+        await wait_group_gone(pgid, timeout_s=tracker_grace_s)
+    signal_group(pgid, signal.SIGKILL)  # what is left: a tracker that did not finish, a child started meanwhile
 
 
 def pid_alive(pid: int | None) -> bool:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from _shm_leaks import ShmLeakTracker
 
 from rlsdk.config import (
     DataConfig,
@@ -19,6 +21,11 @@ from rlsdk.config import (
 
 # A user's project with its own conftest and pytest settings; tests/testing/test_example_project.py runs it.
 collect_ignore = ["example_project"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("RLSDK_ALLOW_SHM_LEAKS") != "1":
+        config.pluginmanager.register(ShmLeakTracker(), "rlsdk-shm-leaks")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from rlsdk.procutil import free_port, pid_alive, reap, signal_group, wait_group_gone
+from rlsdk.procutil import free_port, kill_group, pid_alive, reap, signal_group, wait_group_gone
 
 IGNORE_TERM = (
     "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
@@ -87,3 +89,64 @@ def test_wait_group_gone_returns_once_every_member_of_the_group_is_reaped() -> N
     except ProcessLookupError:
         gone = True
     assert gone
+
+
+# A server-like tree: a process that makes a named semaphore with the 'spawn' method (which starts multiprocessing's
+# resource tracker in its group, as vLLM's API server does) and a spawned child that holds it; prints its name.
+SEMAPHORE_HOLDER = """
+import multiprocessing as mp, sys, time
+
+def hold(lock):
+    time.sleep(600)
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    lock = ctx.Lock()
+    child = ctx.Process(target=hold, args=(lock,))
+    child.start()
+    print(lock._semlock.name, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_kill_group_when_its_processes_hold_a_named_semaphore_leaves_no_semaphore_in_dev_shm(tmp_path: Path) -> None:
+    script = tmp_path / "holder.py"
+    script.write_text(SEMAPHORE_HOLDER)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        path = "/dev/shm/sem." + proc.stdout.readline().decode().strip().lstrip("/")
+        assert os.path.exists(path), path
+
+        asyncio.run(kill_group(proc.pid, tracker_grace_s=10.0))
+        proc.wait(timeout=10.0)
+        asyncio.run(wait_group_gone(proc.pid, timeout_s=10.0))
+    finally:
+        proc.kill()
+
+    assert not os.path.exists(path)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)
+
+
+def test_sigkill_to_a_whole_group_holding_a_named_semaphore_leaves_it_in_dev_shm(tmp_path: Path) -> None:
+    # The failure kill_group avoids, shown on the same tree: the tracker dies with its clients and unlinks nothing.
+    script = tmp_path / "holder.py"
+    script.write_text(SEMAPHORE_HOLDER)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, start_new_session=True)
+    path = ""
+    try:
+        assert proc.stdout is not None
+        path = "/dev/shm/sem." + proc.stdout.readline().decode().strip().lstrip("/")
+
+        signal_group(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10.0)
+        asyncio.run(wait_group_gone(proc.pid, timeout_s=10.0))
+        left = os.path.exists(path)
+    finally:
+        proc.kill()
+        if path:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # the leak this test provoked on purpose
+
+    assert left

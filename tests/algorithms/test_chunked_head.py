@@ -301,7 +301,11 @@ def test_completion_logprobs_fused_peak_memory_does_not_grow_with_vocabulary() -
     large = _peak_mib(32768, budget)
     materialised = _peak_mib(32768, None)
 
-    # What must grow with V: nothing but the chunk buffers, bounded by a few chunks (and allocator slack).
-    assert large - small < 24, (small, large)
+    # What must grow with V: nothing but the chunk buffers. A backward pass holds a few chunk-sized buffers at once
+    # and glibc's allocator keeps or returns freed chunks at its own discretion, so the peak RSS of one run moves by
+    # up to a few chunks between runs at the same V; the bound is eight chunks, which the materialised path
+    # (several whole [B, C, V] tensors) overshoots many times over.
+    chunk_mib = budget / 2**20
+    assert large - small < 8 * chunk_mib, (small, large)
     # The measurement can see growth: the one-call path at the same V peaks far higher.
     assert materialised > large + 100, (large, materialised)

@@ -42,7 +42,7 @@ import psutil
 from rlsdk.engine.inference.vllm_auth import MIDDLEWARE, TOKEN_ENV, bearer_header
 from rlsdk.engine.inference.vllm_worker import WEIGHTS_DIR_ENV
 from rlsdk.observe.logging import get_logger
-from rlsdk.procutil import pump_lines, signal_group, start_in_own_session, wait_group_gone
+from rlsdk.procutil import kill_group, pump_lines, signal_group, start_in_own_session, wait_group_gone
 from rlsdk.runtime_dir import MAX_SOCKET_PATH, SessionRuntimeDir
 
 logger = get_logger(__name__)
@@ -371,7 +371,7 @@ class VLLMServer:
         core is useless without it) and drain the output; returns the API process's exit code."""
         code = await self.wait_exit()
         self.shm.record(self.proc.pid)
-        signal_group(self.proc.pid, signal.SIGKILL)
+        await kill_group(self.proc.pid)  # spares the resource tracker, which unlinks the semaphores it tracks
         await self._drain()
         await wait_group_gone(self.proc.pid)
         self.shm.remove()
@@ -392,8 +392,9 @@ class VLLMServer:
                 logger.warning("vLLM server did not stop within %.0f s; killing it", grace_s)
                 signal_group(pgid, signal.SIGKILL)
                 await self.wait_exit(0.05)
-        # The engine-core child may outlive the API process for a moment: the group goes down with it.
-        signal_group(pgid, signal.SIGKILL)
+        # The engine-core child may outlive the API process for a moment: the group goes down with it (but for the
+        # resource tracker, which unlinks the semaphores the server's processes left once they are gone).
+        await kill_group(pgid)
         await self._drain()
         await wait_group_gone(pgid)
         self.shm.remove()
