@@ -14,11 +14,34 @@ import signal
 import socket
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rlsdk.observe.logging import get_logger
 
 logger = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class ReplicaServer:
+    """An inference server a batch launcher runs on nodes of its own, next to the train ranks.
+
+    The inference engine describes it (:func:`rlsdk.engine.inference.factory.replica_server`) and the launcher runs
+    it (:class:`rlsdk.launch.slurm.SlurmLauncher`), so neither needs the other's code.
+
+    Attributes:
+        replicas: How many copies, one per node.
+        command: The server's command line without ``--host``/``--port`` (the launcher appends its node's name and
+            a port free there), its environment as a leading ``env K=V ...``.
+        start_timeout_s: Seconds a replica may take to become healthy.
+        token_env: The environment variable through which every replica reads its bearer token (the launcher makes
+            a fresh one and exports it to the job, never into a file).
+    """
+
+    replicas: int
+    command: tuple[str, ...]
+    start_timeout_s: float
+    token_env: str
 
 
 def free_port(host: str = "") -> int:

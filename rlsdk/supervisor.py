@@ -182,10 +182,15 @@ class RunSupervisor:
 
     async def launch(self, env: dict[str, Any]) -> None:
         """Start the launcher (and with it the rank processes) and supervise its exit."""
+        from rlsdk.engine.inference.factory import replica_server
         from rlsdk.launch.select import start_launcher
 
         self.launcher = await start_launcher(
-            self.config.launch, env, output_dir=self.output_dir, on_line=self.launcher_line, config=self.config
+            self.config.launch,
+            env,
+            output_dir=self.output_dir,
+            on_line=self.launcher_line,
+            replica_server=replica_server(self.config),  # a batch launcher runs it on nodes of its own
         )
         self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
 

@@ -202,16 +202,6 @@ def violations(root: Path) -> dict[tuple[str, ...], str]:
 
 # Violations that cannot go yet, each with its reason. Remove an entry when its violation goes (a stale entry fails).
 ALLOWED: dict[tuple[str, ...], str] = {
-    ("launch -> engine", "rlsdk.launch.slurm", "rlsdk.engine.inference.vllm_server"): (
-        "issue 20 item 1: the Slurm job's vLLM replica command is built from the vLLM engine's server command; it "
-        "moves behind the engine factory (the engine hands the launcher its command) with the factory work"
-    ),
-    ("launch -> engine", "rlsdk.launch.slurm", "rlsdk.engine.inference.weight_transfer"): (
-        "issue 20 item 1: the replica's server arguments come from the weight transfer the engine will own"
-    ),
-    ("launch -> engine", "rlsdk.launch.slurm", "rlsdk.engine.inference.vllm_auth"): (
-        "issue 20 item 1: the replica's bearer-token variable, with the replica command above"
-    ),
     ("cycle", "rlsdk.session", "rlsdk.train_loop"): (
         "issue 20 item 3: Session.train() delegates to train_loop.train(), which drives a Session; the Session "
         "facade work decides which of the two owns the loop"

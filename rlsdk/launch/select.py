@@ -17,7 +17,8 @@ from rlsdk.launch.local import LocalLauncher
 from rlsdk.launch.supervised import RankProcessError
 
 if TYPE_CHECKING:
-    from rlsdk.config import LaunchConfig, SessionConfig
+    from rlsdk.config import LaunchConfig
+    from rlsdk.procutil import ReplicaServer
 
 
 class Launcher(Protocol):
@@ -78,15 +79,16 @@ async def start_launcher(
     *,
     output_dir: Path,
     on_line: Callable[[str], None] | None = None,
-    config: SessionConfig | None = None,
+    replica_server: ReplicaServer | None = None,
 ) -> Any:
     """Start the train ranks with the launcher of ``launch.scheduler``; returns a :class:`Launcher`.
 
     'local': ``accelerate launch`` on this machine. 'slurm': an sbatch job whose script and output lie under
-    ``output_dir/launch/slurm``; given the session ``config`` with ``inference.engine='vllm'`` and no
-    ``inference.url``, the job also runs the vLLM replica on a node of its own (the launcher's
-    ``wait_for_endpoint`` gives its URL). 'ray': placement groups on the Ray cluster at ``launch.ray_address``.
-    Raises ConfigError for a topology this release cannot run (see :func:`check_runnable`).
+    ``output_dir/launch/slurm``; given the inference engine's ``replica_server`` (vLLM's, when it attaches to no
+    ``inference.url``), the job also runs it on a node of its own (the launcher's ``wait_for_endpoint`` gives its
+    URL); the local and Ray launchers leave it to the engine, which starts its server on this machine. 'ray':
+    placement groups on the Ray cluster at ``launch.ray_address``. Raises ConfigError for a topology this release
+    cannot run (see :func:`check_runnable`).
     """
     check_runnable(launch)
     if launch.scheduler == "local":
@@ -96,8 +98,8 @@ async def start_launcher(
 
         job_dir = output_dir / "launch" / "slurm"
         vllm = None
-        if config is not None and config.inference.engine == "vllm" and config.inference.url is None:
-            vllm = VllmReplicaSpec.from_config(config, endpoint_dir=str(job_dir / ENDPOINTS_DIR))
+        if replica_server is not None:
+            vllm = VllmReplicaSpec.from_server(replica_server, endpoint_dir=str(job_dir / ENDPOINTS_DIR))
         return await SlurmLauncher.start(launch, env, job_dir=job_dir, on_line=on_line, vllm=vllm)
     from rlsdk.launch.ray import RayLauncher
 

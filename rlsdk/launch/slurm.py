@@ -13,17 +13,18 @@ channel's address and the session secret, which therefore never appear in the sc
 ``launch.host``, which must be reachable from the compute nodes (see ``LaunchConfig.simulate_nodes_on_loopback``
 for the one-machine simulation the tests run with a fake Slurm, :mod:`rlsdk.testing.fake_slurm`).
 
-vLLM replicas (``inference.engine='vllm'`` without ``inference.url``, when :func:`rlsdk.launch.select.start_launcher`
-is given the session config): the allocation grows by one node per replica (after the train nodes); the script
-starts each replica's server (the command rlsdk's local launcher runs, :func:`rlsdk.engine.inference.vllm_server.
-server_command`) with srun on its node, in the background, through :mod:`rlsdk.launch.vllm_replica`, which writes
-the replica's endpoint to ``OUTPUT/launch/slurm/endpoints/replica-R.json`` once it is healthy; the controller
-polls that file (:meth:`SlurmLauncher.wait_for_endpoint`) and attaches to the server by URL. A replica listens on
-its node's name, so it is reachable from the cluster network: every route but ``/health`` requires the job's own
-bearer token (:mod:`rlsdk.engine.inference.vllm_auth`), which reaches the server through the job's environment
-(``VLLM_API_KEY``, with ``--export=ALL`` like the session secret), never the script or the endpoint file. Only one
-replica runs end to end: routing over several is not implemented, and ``start_launcher`` refuses
-``inference_replicas > 1``.
+vLLM replicas (``inference.engine='vllm'`` without ``inference.url``: :func:`rlsdk.launch.select.start_launcher` is
+given the engine's :class:`~rlsdk.procutil.ReplicaServer`): the allocation grows by one node per replica (after the
+train nodes); the script starts each replica's server (the command rlsdk's local launcher runs, built by
+:func:`rlsdk.engine.inference.vllm_server.replica_server`) with srun on its node, in the background, through
+:mod:`rlsdk.launch.vllm_replica`, which writes the replica's endpoint to
+``OUTPUT/launch/slurm/endpoints/replica-R.json`` once it is healthy; the controller polls that file
+(:meth:`SlurmLauncher.wait_for_endpoint`) and attaches to the server by URL. A replica listens on its node's name, so it
+is reachable from the cluster network: every route but ``/health`` requires the job's own bearer token
+(:mod:`rlsdk.engine.inference.vllm_auth`), which reaches the server through the job's environment
+(``ReplicaServer.token_env``, vLLM's ``VLLM_API_KEY``, with ``--export=ALL`` like the session secret), never the script
+or the endpoint file. Only one replica runs end to end: routing over several is not implemented, and ``start_launcher``
+refuses ``inference_replicas > 1``.
 
 What is not run here: a real Slurm cluster. The generated scripts are snapshot-tested; the simulation runs them
 (with a stand-in for the vLLM server in the endpoint test).
@@ -47,10 +48,10 @@ from typing import TYPE_CHECKING
 from rlsdk.launch.supervised import SupervisedLauncher
 from rlsdk.launch.topology import Topology
 from rlsdk.observe.logging import get_logger
-from rlsdk.procutil import free_port, start_in_own_session
+from rlsdk.procutil import ReplicaServer, free_port, start_in_own_session
 
 if TYPE_CHECKING:
-    from rlsdk.config import LaunchConfig, SessionConfig
+    from rlsdk.config import LaunchConfig
 
 logger = get_logger(__name__)
 
@@ -76,6 +77,7 @@ class VllmReplicaSpec:
             controller).
         start_timeout_s: Seconds a replica's server may take to become healthy (``inference.server_start_timeout_s``).
         token: The bearer token every replica requires (fresh per spec; exported to the job, never written).
+        token_env: The variable the replicas read the token from (vLLM's ``VLLM_API_KEY``).
     """
 
     replicas: int
@@ -83,49 +85,19 @@ class VllmReplicaSpec:
     endpoint_dir: str
     start_timeout_s: float = 300.0
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
+    token_env: str = "VLLM_API_KEY"
 
     @classmethod
-    def from_config(cls, config: SessionConfig, *, endpoint_dir: str, python: str | None = None) -> VllmReplicaSpec:
-        """The replicas of ``config``: the local launcher's server flags, the weight transfer's server arguments
-        (the NCCL worker extension when ``launch.gpus_per_node > 0``) and ``--tensor-parallel-size`` above 1."""
-        from rlsdk.engine.inference.vllm_server import server_command, server_environment
-        from rlsdk.engine.inference.weight_transfer import weight_transfer_class
-
-        python = python or sys.executable
-        launch, inference = config.launch, config.inference
-        extra = list(weight_transfer_class(launch, inference.weight_transfer).SERVER_ARGS)
-        replaced = ("--host", "--port", *(arg for arg in extra if arg == "--worker-extension-cls"))
-        if launch.inference_tensor_parallel_size > 1:
-            extra += ["--tensor-parallel-size", str(launch.inference_tensor_parallel_size)]
-        command = server_command(
-            config.model.path,
-            0,
-            max_model_len=inference.max_model_len,
-            python=python,
-            dtype=inference.dtype or config.model.dtype,
-        )
-        command = [*_without_options(command, replaced), *extra, *inference.extra_server_args]
-        env = [f"{key}={value}" for key, value in server_environment({}, inference.kv_cache_gib).items()]
+    def from_server(cls, server: ReplicaServer, *, endpoint_dir: str) -> VllmReplicaSpec:
+        """The replicas of ``server`` (the engine's description, :func:`rlsdk.engine.inference.factory.
+        replica_server`), each writing its endpoint under ``endpoint_dir``, with a fresh token."""
         return cls(
-            replicas=launch.inference_replicas,
-            server_command=("env", *env, *command),
+            replicas=server.replicas,
+            server_command=server.command,
             endpoint_dir=endpoint_dir,
-            start_timeout_s=inference.server_start_timeout_s,
+            start_timeout_s=server.start_timeout_s,
+            token_env=server.token_env,
         )
-
-
-def _without_options(command: list[str], options: tuple[str, ...]) -> list[str]:
-    """``command`` without each of ``options`` and its value."""
-    out: list[str] = []
-    skip = False
-    for arg in command:
-        if skip:
-            skip = False
-        elif arg in options:
-            skip = True
-        else:
-            out.append(arg)
-    return out
 
 
 def endpoint_path(endpoint_dir: str | Path, replica: int) -> Path:
@@ -361,9 +333,7 @@ class SlurmLauncher(SupervisedLauncher):
         )
         job_env = dict(env)
         if vllm is not None:
-            from rlsdk.engine.inference.vllm_auth import TOKEN_ENV
-
-            job_env[TOKEN_ENV] = vllm.token  # the replicas' token: inherited through --export=ALL, never written
+            job_env[vllm.token_env] = vllm.token  # the replicas' token: inherited through --export=ALL, never written
         proc = await start_in_own_session(cmd, job_env, cwd=str(job_dir))
         launcher = cls(proc, output_path, on_line, local_ranks=launch.simulate_nodes_on_loopback)
         launcher.vllm = vllm

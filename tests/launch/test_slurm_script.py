@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlsdk.config import InferenceConfig, LaunchConfig, ModelConfig, SessionConfig
+from rlsdk.engine.inference.factory import replica_server
 from rlsdk.launch.slurm import SlurmJobSpec, VllmReplicaSpec, node_command, parse_job_id, sbatch_script
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
@@ -115,8 +116,15 @@ def _vllm_config(num_nodes: int) -> SessionConfig:
     )
 
 
+def _replica_spec(config: SessionConfig, *, endpoint_dir: str, python: str) -> VllmReplicaSpec:
+    """The replicas the Session's Slurm job runs for ``config``: the vLLM engine's server, as the launcher gets it."""
+    server = replica_server(config, python=python)
+    assert server is not None
+    return VllmReplicaSpec.from_server(server, endpoint_dir=endpoint_dir)
+
+
 def _vllm_spec(num_nodes: int) -> SlurmJobSpec:
-    vllm = VllmReplicaSpec.from_config(
+    vllm = _replica_spec(
         _vllm_config(num_nodes), endpoint_dir="/runs/exp/launch/slurm/endpoints", python="/opt/venv/bin/python"
     )
     return SlurmJobSpec.from_config(
@@ -155,7 +163,7 @@ def test_vllm_replica_command_uses_the_local_launchers_server_flags_without_host
 
     local = server_command("/models/policy", 8000, max_model_len=2048, python="/opt/venv/bin/python")
 
-    replica = VllmReplicaSpec.from_config(_vllm_config(2), endpoint_dir="e", python="/opt/venv/bin/python")
+    replica = _replica_spec(_vllm_config(2), endpoint_dir="e", python="/opt/venv/bin/python")
 
     command = list(replica.server_command)
     assert command[0] == "env" and "VLLM_SERVER_DEV_MODE=1" in command and "VLLM_CPU_KVCACHE_SPACE=4" in command
@@ -165,10 +173,18 @@ def test_vllm_replica_command_uses_the_local_launchers_server_flags_without_host
 
 
 def test_vllm_replicas_on_gpu_nodes_load_the_nccl_worker_extension_with_their_tensor_parallel_size() -> None:
-    replica = VllmReplicaSpec.from_config(_vllm_config(16), endpoint_dir="e", python="p")
+    replica = _replica_spec(_vllm_config(16), endpoint_dir="e", python="p")
 
     command = " ".join(replica.server_command)
 
     assert replica.replicas == 2
     assert "--worker-extension-cls rlsdk.engine.inference.nccl_sync.NcclWeightSyncExtension" in command
     assert "--tensor-parallel-size 4" in command
+
+
+def test_replica_server_for_an_attached_vllm_or_another_engine_is_none() -> None:
+    attached = dataclasses.replace(_vllm_config(2), inference=InferenceConfig(engine="vllm", url="http://h:8000"))
+    embedded = dataclasses.replace(_vllm_config(2), inference=InferenceConfig(engine="embedded"))
+
+    assert replica_server(attached) is None
+    assert replica_server(embedded) is None

@@ -19,6 +19,7 @@ import pytest
 
 from rlsdk import SessionConfig
 from rlsdk.config import ConfigError, InferenceConfig, LaunchConfig
+from rlsdk.engine.inference.factory import replica_server
 from rlsdk.launch import slurm
 from rlsdk.launch.select import start_launcher
 from rlsdk.launch.slurm import SlurmLauncher, VllmReplicaSpec, endpoint_path
@@ -170,7 +171,7 @@ def test_start_launcher_for_slurm_and_vllm_gives_the_job_one_replica_reporting_u
     monkeypatch.setattr(SlurmLauncher, "start", classmethod(start))
     config = dataclasses.replace(small_config, launch=LAUNCH, inference=InferenceConfig(engine="vllm"))
 
-    asyncio.run(start_launcher(LAUNCH, {}, output_dir=tmp_path, config=config))
+    asyncio.run(start_launcher(LAUNCH, {}, output_dir=tmp_path, replica_server=replica_server(config)))
 
     replica = seen["vllm"]
     assert replica.replicas == 1

@@ -42,7 +42,7 @@ import psutil
 from rlsdk.engine.inference.vllm_auth import MIDDLEWARE, TOKEN_ENV, bearer_header
 from rlsdk.engine.inference.vllm_worker import WEIGHTS_DIR_ENV
 from rlsdk.observe.logging import get_logger
-from rlsdk.procutil import kill_group, pump_lines, signal_group, start_in_own_session, wait_group_gone
+from rlsdk.procutil import ReplicaServer, kill_group, pump_lines, signal_group, start_in_own_session, wait_group_gone
 from rlsdk.runtime_dir import MAX_SOCKET_PATH, SessionRuntimeDir
 
 logger = get_logger(__name__)
@@ -129,6 +129,50 @@ def server_environment(base: Mapping[str, str], kv_cache_gib: int) -> dict[str, 
         PYTHONUNBUFFERED="1",
     )
     return env
+
+
+def replica_server(config: Any, python: str) -> ReplicaServer | None:
+    """The vLLM replicas a batch launcher runs for ``config`` (None: ``inference.url`` is set, nothing to start):
+    the local launcher's server flags, the weight transfer's server arguments (the NCCL worker extension when
+    ``launch.gpus_per_node > 0``) and ``--tensor-parallel-size`` above 1, with the server's environment."""
+    from rlsdk.engine.inference.weight_transfer import weight_transfer_class
+
+    launch, inference = config.launch, config.inference
+    if inference.url is not None:
+        return None
+    extra = list(weight_transfer_class(launch, inference.weight_transfer).SERVER_ARGS)
+    replaced = ("--host", "--port", *(arg for arg in extra if arg == "--worker-extension-cls"))
+    if launch.inference_tensor_parallel_size > 1:
+        extra += ["--tensor-parallel-size", str(launch.inference_tensor_parallel_size)]
+    command = server_command(
+        config.model.path,
+        0,
+        max_model_len=inference.max_model_len,
+        python=python,
+        dtype=inference.dtype or config.model.dtype,
+    )
+    command = [*_without_options(command, replaced), *extra, *inference.extra_server_args]
+    env = [f"{key}={value}" for key, value in server_environment({}, inference.kv_cache_gib).items()]
+    return ReplicaServer(
+        replicas=launch.inference_replicas,
+        command=("env", *env, *command),
+        start_timeout_s=inference.server_start_timeout_s,
+        token_env=TOKEN_ENV,
+    )
+
+
+def _without_options(command: list[str], options: tuple[str, ...]) -> list[str]:
+    """``command`` without each of ``options`` and its value."""
+    out: list[str] = []
+    skip = False
+    for arg in command:
+        if skip:
+            skip = False
+        elif arg in options:
+            skip = True
+        else:
+            out.append(arg)
+    return out
 
 
 SHM_ROOT = "/dev/shm"
