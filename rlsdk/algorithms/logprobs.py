@@ -140,6 +140,42 @@ def completion_logprobs(
         RuntimeError: on the fused path, the model changed the head's output before returning it (e.g. logit
             soft-capping); pass ``max_logits_bytes=None`` for such a model.
     """
+    _check_completion_inputs(
+        temperature, max_logits_bytes, prompt_ids_B_P, prompt_mask_B_P, completion_ids_B_C, completion_mask_B_C,
+        attention_mask_B_C,
+    )  # fmt: skip
+    context_mask_B_C = completion_mask_B_C if attention_mask_B_C is None else attention_mask_B_C
+    attention_mask_B_T = torch.cat([prompt_mask_B_P.long(), context_mask_B_C.long()], dim=1)
+    position_ids_B_T = (attention_mask_B_T.cumsum(dim=1) - 1).clamp(min=0)
+    head = _fusable_head(model, completion_ids_B_C.numel(), max_logits_bytes)
+    if head is not None:
+        assert max_logits_bytes is not None  # a head is only returned with a budget
+        fused = _FusedHead(head, temperature, with_entropy, entropy_grad, max_logits_bytes)
+        return _fused_completion_logprobs(
+            model, fused, prompt_ids_B_P, prompt_mask_B_P, completion_ids_B_C, attention_mask_B_T, position_ids_B_T,
+            share_prompts=share_prompts, uniform_calls=uniform_calls,
+        )  # fmt: skip
+    logits_B_C_V = None
+    if share_prompts:
+        logits_B_C_V = _shared_prompt_logits(
+            model, prompt_ids_B_P, prompt_mask_B_P, completion_ids_B_C, attention_mask_B_T, position_ids_B_T,
+            uniform_calls=uniform_calls,
+        )  # fmt: skip
+    if logits_B_C_V is None:
+        logits_B_C_V = _one_call_logits(model, prompt_ids_B_P, completion_ids_B_C, attention_mask_B_T, position_ids_B_T)
+    return _logprobs_and_entropy(logits_B_C_V, completion_ids_B_C, temperature, with_entropy, entropy_grad)
+
+
+def _check_completion_inputs(
+    temperature: float,
+    max_logits_bytes: int | None,
+    prompt_ids_B_P: torch.Tensor,
+    prompt_mask_B_P: torch.Tensor,
+    completion_ids_B_C: torch.Tensor,
+    completion_mask_B_C: torch.Tensor,
+    attention_mask_B_C: torch.Tensor | None,
+) -> None:
+    """Raise on an argument :func:`completion_logprobs` rejects (its "Raises: ValueError")."""
     _check_temperature(temperature)
     if max_logits_bytes is not None and max_logits_bytes <= 0:
         raise ValueError(f"max_logits_bytes={max_logits_bytes!r} is invalid: allowed > 0 or None")
@@ -162,38 +198,40 @@ def completion_logprobs(
         raise ValueError(
             f"prompt_ids_B_P has {prompt_ids_B_P.shape[0]} rows, completion_ids_B_C has {completion_ids_B_C.shape[0]}"
         )
-    prompt_len = prompt_ids_B_P.shape[1]
-    completion_len = completion_ids_B_C.shape[1]
-    if prompt_len == 0:
+    if prompt_ids_B_P.shape[1] == 0:
         raise ValueError("prompt_ids_B_P has no columns: every sequence needs at least one prompt token")
 
-    context_mask_B_C = completion_mask_B_C if attention_mask_B_C is None else attention_mask_B_C
-    attention_mask_B_T = torch.cat([prompt_mask_B_P.long(), context_mask_B_C.long()], dim=1)
-    position_ids_B_T = (attention_mask_B_T.cumsum(dim=1) - 1).clamp(min=0)
-    head = _fusable_head(model, completion_ids_B_C.numel(), max_logits_bytes)
-    if head is not None:
-        assert max_logits_bytes is not None  # a head is only returned with a budget
-        fused = _FusedHead(head, temperature, with_entropy, entropy_grad, max_logits_bytes)
-        return _fused_completion_logprobs(
-            model, fused, prompt_ids_B_P, prompt_mask_B_P, completion_ids_B_C, attention_mask_B_T, position_ids_B_T,
-            share_prompts=share_prompts, uniform_calls=uniform_calls,
-        )  # fmt: skip
-    logits_B_C_V = None
-    if share_prompts:
-        logits_B_C_V = _shared_prompt_logits(
-            model, prompt_ids_B_P, prompt_mask_B_P, completion_ids_B_C, attention_mask_B_T, position_ids_B_T,
-            uniform_calls=uniform_calls,
-        )  # fmt: skip
-    if logits_B_C_V is None:
-        output = model(
-            input_ids=torch.cat([prompt_ids_B_P, completion_ids_B_C], dim=1).long(),
-            attention_mask=attention_mask_B_T,
-            position_ids=position_ids_B_T,
-            use_cache=False,
-            logits_to_keep=completion_len + 1,
-        )
-        # The kept logits are positions P-1 .. P+C-1; the last one predicts past the completion.
-        logits_B_C_V = output.logits[:, -(completion_len + 1) : -1]
+
+def _one_call_logits(
+    model: torch.nn.Module,
+    prompt_ids_B_P: torch.Tensor,
+    completion_ids_B_C: torch.Tensor,
+    attention_mask_B_T: torch.Tensor,
+    position_ids_B_T: torch.Tensor,
+) -> torch.Tensor:
+    """``logits_B_C_V`` predicting each completion token, from one model call over ``cat(prompt, completion)``
+    that keeps only the last ``C + 1`` positions' logits."""
+    completion_len = completion_ids_B_C.shape[1]
+    output = model(
+        input_ids=torch.cat([prompt_ids_B_P, completion_ids_B_C], dim=1).long(),
+        attention_mask=attention_mask_B_T,
+        position_ids=position_ids_B_T,
+        use_cache=False,
+        logits_to_keep=completion_len + 1,
+    )
+    # The kept logits are positions P-1 .. P+C-1; the last one predicts past the completion.
+    return output.logits[:, -(completion_len + 1) : -1]
+
+
+def _logprobs_and_entropy(
+    logits_B_C_V: torch.Tensor,
+    completion_ids_B_C: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(logprobs_B_C, entropy_B_C or None)`` from materialised logits; the entropy in the autograd graph only
+    with ``entropy_grad``."""
     logprobs_B_C = token_logprobs(logits_B_C_V, completion_ids_B_C, temperature)
     entropy_B_C = None
     if with_entropy and entropy_grad:  # a loss term (entropy bonus): gradients flow through it

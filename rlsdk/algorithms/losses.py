@@ -2,7 +2,38 @@
 
 ``policy_loss`` is the general PPO-style clipped surrogate with the options of the GRPO family (loss
 aggregation, token- or sequence-level ratio, KL estimator, entropy bonus, off-policy corrections);
-``grpo_loss`` is its original fixed configuration (token-level ratio, token mean, k3 KL).
+``grpo_loss`` is its original fixed configuration (token-level ratio, token mean, k3 KL). The per-token formula
+is in ``policy_loss``'s docstring; the rest of its contract follows.
+
+Importance weight. ``w_it`` is 1 without ``behaviour_logprobs_B_C``; with them, ``w_it = exp(old_it -
+behaviour_it)`` corrects for sampling from the behaviour policy (the inference engine) rather than ``old`` (the
+proximal policy, e.g. the trainer's recomputed logprobs): ``is_cap_mode='truncate'`` uses ``min(w, is_cap)``
+(truncated importance sampling, Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+Training"); ``'mask'`` drops tokens with ``w > is_cap`` from the loss (decoupled PPO, Hilton et al. 2021, as
+AReaL's ``behav_imp_weight_cap``, Fu et al. 2025).
+
+Sequence-level ratio. GSPO's (Zheng et al. 2025) in its "GSPO-token" form: its value is ``s_i`` on every token and
+clipping is decided per sequence; with ``loss_agg='seq_mean_token_mean'`` the loss and its gradient equal GSPO's
+``-1/B sum_i min(s_i A_i, clip(s_i) A_i)``.
+
+Aggregation (``m`` = mask, ``|y_i|`` = tokens of sequence ``i``)::
+
+    token_mean           sum_it m l / num_tokens                               DAPO (Yu et al. 2025)
+    seq_mean_token_mean  sum_i (sum_t m l / |y_i|) / num_sequences             GRPO (Shao et al. 2024)
+    seq_sum_fixed_len    sum_it m l / (num_sequences * max_len)                Dr. GRPO (Liu et al. 2025)
+
+Every normaliser is a GLOBAL-batch quantity: chunks of a batch (micro-batches, ranks) that each pass the whole
+batch's ``num_tokens`` / ``num_sequences`` (and the same ``max_len``) sum to the whole-batch loss, so gradient
+accumulation and data parallelism need no rescaling (with DDP, which averages gradients over ranks, pass the
+global count divided by the world size). Defaults: ``num_tokens = max(mask.sum(), 1)``, ``num_sequences =
+max(B, 1)`` (this batch is the whole batch); ``max_len`` has no default (Dr. GRPO's constant is the generation
+limit, not this batch's padded width). A sequence with no masked token contributes 0 to ``seq_mean_token_mean``
+but still counts in ``num_sequences`` (verl's default leaves it out). A batch with no masked token (``B = 0``
+included) gives loss 0 under every aggregation, with zero gradients.
+
+Gradients flow through ``logprobs_B_C`` (and ``entropy_B_C`` if it has a graph); ``old``, ``ref``, ``behaviour``
+log-probs and ``advantages_B`` are treated as constants. Masked positions may hold any value, non-finite included.
+``kl_estimator='k1'`` as a loss term has a zero expected gradient (derivation in docs/howto/algorithms.md).
 
 Numerical guards (see docs/howto/algorithms.md, "Numerical guards"). Every ``exp`` of a log-ratio in the loss
 would overflow float32 above ~88.7: the loss turns inf, or stays finite while its gradient turns NaN (``inf * 0``
@@ -21,6 +52,9 @@ healthy run lives in:
   (k3 <= 10) drops the gradient from ``log_r ~ 2.6`` on.
 - Tokens that ``is_cap_mode='mask'`` drops are removed with ``torch.where``, never multiplied by 0, so an
   infinite term there cannot become NaN.
+
+Loss and gradients are finite for any finite log-probs at masked-in positions (and ``±inf`` ones for the token
+ratio); a NaN there propagates.
 """
 
 from __future__ import annotations
@@ -145,44 +179,10 @@ def policy_loss(
         pg_it    = -w_it * min(ratio_it * A_i, clip(ratio_it, 1 - clip_eps_low, 1 + clip_eps_high) * A_i)
         l_it     = pg_it + kl_coef * KL_it - entropy_coef * entropy_it
 
-    ``KL_it`` is :func:`kl_penalty` with ``kl_estimator``. ``w_it`` is 1 without ``behaviour_logprobs_B_C``;
-    with them, ``w_it = exp(old_it - behaviour_it)`` corrects for sampling from the behaviour policy (the
-    inference engine) rather than ``old`` (the proximal policy, e.g. the trainer's recomputed logprobs):
-    ``is_cap_mode='truncate'`` uses ``min(w, is_cap)`` (truncated importance sampling, Yao et al. 2025, "Your
-    Efficient RL Framework Secretly Brings You Off-Policy RL Training"); ``'mask'`` drops tokens with
-    ``w > is_cap`` from the loss (decoupled PPO, Hilton et al. 2021, as AReaL's ``behav_imp_weight_cap``, Fu
-    et al. 2025). The sequence-level ratio is GSPO's (Zheng et al. 2025) in its "GSPO-token" form: its value
-    is ``s_i`` on every token and clipping is decided per sequence; with ``loss_agg='seq_mean_token_mean'``
-    the loss and its gradient equal GSPO's ``-1/B sum_i min(s_i A_i, clip(s_i) A_i)``.
-
-    Aggregation (``m`` = mask, ``|y_i|`` = tokens of sequence ``i``)::
-
-        token_mean           sum_it m l / num_tokens                               DAPO (Yu et al. 2025)
-        seq_mean_token_mean  sum_i (sum_t m l / |y_i|) / num_sequences             GRPO (Shao et al. 2024)
-        seq_sum_fixed_len    sum_it m l / (num_sequences * max_len)                Dr. GRPO (Liu et al. 2025)
-
-    Every normaliser is a GLOBAL-batch quantity: chunks of a batch (micro-batches, ranks) that each pass the
-    whole batch's ``num_tokens`` / ``num_sequences`` (and the same ``max_len``) sum to the whole-batch loss,
-    so gradient accumulation and data parallelism need no rescaling (with DDP, which averages gradients
-    over ranks, pass the global count divided by the world size). Defaults: ``num_tokens =
-    max(mask.sum(), 1)``, ``num_sequences = max(B, 1)`` (this batch is the whole batch); ``max_len`` has no
-    default (Dr. GRPO's constant is the generation limit, not this batch's padded width). A sequence with no
-    masked token contributes 0 to ``seq_mean_token_mean`` but still counts in ``num_sequences`` (verl's
-    default leaves it out). A batch with no masked token (``B = 0`` included) gives loss 0 under every
-    aggregation, with zero gradients.
-
-    Gradients flow through ``logprobs_B_C`` (and ``entropy_B_C`` if it has a graph); ``old``, ``ref``,
-    ``behaviour`` log-probs and ``advantages_B`` are treated as constants. Masked positions may hold any
-    value, non-finite included.
-
-    Numerical guards (module docstring): the log-ratio (token or sequence) and the importance weight's log are
-    clamped to ``[-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT]`` before ``exp`` (beyond, no ratio gradient), k3 is
-    continued linearly above ``log_r = LOG_RATIO_LIMIT``, and tokens dropped by ``is_cap_mode='mask'`` are
-    removed with ``torch.where``. Loss and gradients are finite for any finite log-probs at masked-in
-    positions (and ``±inf`` ones for the token ratio); a NaN there propagates.
-
-    ``kl_estimator='k1'`` with ``kl_coef > 0`` warns (``UserWarning``): its expected gradient is zero, so the
-    penalty adds only noise (derivation in docs/howto/algorithms.md); use 'k2' or 'k3'.
+    ``KL_it`` is :func:`kl_penalty` with ``kl_estimator``; ``w_it`` the importance weight, the sequence-level
+    ratio, the aggregations and their global-batch normalisers, the gradients and the numerical guards are
+    specified in the module docstring's sections of those names. ``kl_estimator='k1'`` with ``kl_coef > 0``
+    warns (``UserWarning``): its expected gradient is zero, so the penalty adds only noise; use 'k2' or 'k3'.
 
     Args:
         logprobs_B_C: current policy's token log-probs (with grad), float.
@@ -190,7 +190,7 @@ def policy_loss(
         advantages_B: one advantage per sequence.
         mask_B_C: bool/int, True for completion tokens that count.
         clip_eps_low, clip_eps_high: >= 0; the ratio is clipped to ``[1 - low, 1 + high]``.
-        loss_agg: 'token_mean', 'seq_mean_token_mean' or 'seq_sum_fixed_len' (see above).
+        loss_agg: 'token_mean', 'seq_mean_token_mean' or 'seq_sum_fixed_len' (module docstring, "Aggregation").
         ratio_level: 'token' (PPO/GRPO) or 'sequence' (GSPO).
         kl_coef: >= 0; weight of the KL penalty to the reference policy.
         kl_estimator: 'k1', 'k2' or 'k3'.
@@ -218,6 +218,45 @@ def policy_loss(
             finite number > 0 (a 0-d tensor normaliser is read to check it: a host sync on an accelerator,
             so pass floats in a hot loop).
     """
+    _check_loss_shapes(
+        logprobs_B_C, old_logprobs_B_C, advantages_B, mask_B_C, ref_logprobs_B_C, entropy_B_C, behaviour_logprobs_B_C
+    )
+    _check_coefficients(clip_eps_low, clip_eps_high, kl_coef, ref_logprobs_B_C, entropy_coef, entropy_B_C)
+    _check_choices(loss_agg, ratio_level, is_cap_mode, is_cap, max_len)
+    _warn_if_k1_loss_term(kl_coef, kl_estimator)
+    mask_B_C = mask_B_C.bool()
+    zero = logprobs_B_C.new_zeros(())
+    tokens_B = mask_B_C.sum(dim=1).to(logprobs_B_C.dtype)
+    ratio_B_C, limited_B_C = _ratio(logprobs_B_C, old_logprobs_B_C, mask_B_C, tokens_B, ratio_level, zero)
+    surrogate_B_C, clipped_surrogate_B_C, token_loss_B_C = _clipped_surrogate(
+        ratio_B_C, advantages_B, logprobs_B_C.dtype, clip_eps_low, clip_eps_high
+    )
+    token_loss_B_C, weight_B_C, capped_B_C = _importance_weighted(
+        token_loss_B_C, logprobs_B_C, old_logprobs_B_C, behaviour_logprobs_B_C, mask_B_C, is_cap, is_cap_mode, zero
+    )
+    token_loss_B_C, kl_sum = _regularised(
+        token_loss_B_C, logprobs_B_C, ref_logprobs_B_C, entropy_B_C, mask_B_C, kl_coef, kl_estimator, entropy_coef, zero
+    )
+    masked_loss_B_C = torch.where(mask_B_C, token_loss_B_C, zero)
+    loss_sum = masked_loss_B_C.sum()
+    tokens = mask_B_C.sum().to(torch.float32)
+    loss = _aggregate(masked_loss_B_C, loss_sum, tokens, tokens_B, loss_agg, num_tokens, num_sequences, max_len)
+    clipped_B_C = (clipped_surrogate_B_C < surrogate_B_C) & mask_B_C
+    return loss, _loss_metrics(
+        loss_sum, tokens, kl_sum, mask_B_C, clipped_B_C, ratio_B_C, weight_B_C, capped_B_C, limited_B_C, zero
+    )
+
+
+def _check_loss_shapes(
+    logprobs_B_C: torch.Tensor,
+    old_logprobs_B_C: torch.Tensor,
+    advantages_B: torch.Tensor,
+    mask_B_C: torch.Tensor,
+    ref_logprobs_B_C: torch.Tensor | None,
+    entropy_B_C: torch.Tensor | None,
+    behaviour_logprobs_B_C: torch.Tensor | None,
+) -> None:
+    """Raise unless ``logprobs_B_C`` is ``[B, C]`` and every other tensor of :func:`policy_loss` matches it."""
     if logprobs_B_C.dim() != 2:
         raise ValueError(f"logprobs_B_C must be 2-D [B, C], got shape {tuple(logprobs_B_C.shape)}")
     shape_B_C = tuple(logprobs_B_C.shape)
@@ -231,6 +270,17 @@ def policy_loss(
     ):
         if optional is not None:
             _check_shape(name, optional, shape_B_C, "logprobs_B_C.shape")
+
+
+def _check_coefficients(
+    clip_eps_low: float,
+    clip_eps_high: float,
+    kl_coef: float,
+    ref_logprobs_B_C: torch.Tensor | None,
+    entropy_coef: float,
+    entropy_B_C: torch.Tensor | None,
+) -> None:
+    """Raise on a negative clip range or coefficient of :func:`policy_loss`, or one > 0 without its input."""
     if clip_eps_low < 0 or clip_eps_high < 0:
         raise ValueError(f"clip_eps_low={clip_eps_low!r}, clip_eps_high={clip_eps_high!r}: both must be >= 0")
     if kl_coef < 0:
@@ -241,6 +291,12 @@ def policy_loss(
         raise ValueError(f"entropy_coef={entropy_coef!r} is invalid: allowed >= 0")
     if entropy_coef > 0 and entropy_B_C is None:
         raise ValueError(f"entropy_coef={entropy_coef!r} > 0 needs entropy_B_C")
+
+
+def _check_choices(
+    loss_agg: str, ratio_level: str, is_cap_mode: str, is_cap: float | None, max_len: int | None
+) -> None:
+    """Raise on an unknown option of :func:`policy_loss`, a cap <= 0, or a missing ``max_len`` its aggregation needs."""
     if loss_agg not in ("token_mean", "seq_mean_token_mean", "seq_sum_fixed_len"):
         raise ValueError(
             f"loss_agg={loss_agg!r} is invalid: allowed 'token_mean', 'seq_mean_token_mean', 'seq_sum_fixed_len'"
@@ -253,18 +309,30 @@ def policy_loss(
         raise ValueError(f"is_cap={is_cap!r} is invalid: allowed > 0 or None")
     if loss_agg == "seq_sum_fixed_len" and (max_len is None or max_len < 1):
         raise ValueError(f"max_len={max_len!r} is invalid for loss_agg='seq_sum_fixed_len': allowed an int >= 1")
+
+
+def _warn_if_k1_loss_term(kl_coef: float, kl_estimator: str) -> None:
+    """Warn, at the caller of :func:`policy_loss`, that k1 as a loss term penalises nothing."""
     if kl_coef > 0 and kl_estimator == "k1":
         warnings.warn(
             f"kl_estimator='k1' with kl_coef={kl_coef!r} > 0 penalises nothing: k1's expected gradient is zero "
             "(E_pi[grad log pi] = 0), so the term adds only noise. Use 'k2' (gradient of KL(pi||ref)) or 'k3' "
             "(gradient of KL(ref||pi)); see docs/howto/algorithms.md.",
             UserWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
 
-    mask_B_C = mask_B_C.bool()
-    zero = logprobs_B_C.new_zeros(())
-    tokens_B = mask_B_C.sum(dim=1).to(logprobs_B_C.dtype)
+
+def _ratio(
+    logprobs_B_C: torch.Tensor,
+    old_logprobs_B_C: torch.Tensor,
+    mask_B_C: torch.Tensor,
+    tokens_B: torch.Tensor,
+    ratio_level: str,
+    zero: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ratio_B_C, limited_B_C)``: the PPO ratio (token- or GSPO's sequence-level), its log clamped to
+    ``±LOG_RATIO_LIMIT`` before ``exp``, and the masked tokens whose log-ratio lay beyond that limit."""
     # torch.where (not multiplication) so that garbage at masked positions cannot leak NaN into sums or grads.
     log_ratio_B_C = torch.where(mask_B_C, logprobs_B_C - old_logprobs_B_C.detach(), zero)
     if ratio_level == "sequence":
@@ -273,11 +341,32 @@ def policy_loss(
         log_ratio_B_C = seq_log_ratio_B_1.detach() + safe_logprobs_B_C - safe_logprobs_B_C.detach()
     limited_B_C = (log_ratio_B_C.detach().abs() > LOG_RATIO_LIMIT) & mask_B_C
     ratio_B_C = log_ratio_B_C.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT).exp()
-    advantages_B_1 = advantages_B.detach().to(logprobs_B_C.dtype).unsqueeze(1)
+    return ratio_B_C, limited_B_C
+
+
+def _clipped_surrogate(
+    ratio_B_C: torch.Tensor, advantages_B: torch.Tensor, dtype: torch.dtype, clip_eps_low: float, clip_eps_high: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(surrogate_B_C, clipped_surrogate_B_C, -min(both))``: PPO's two surrogate terms and its token loss."""
+    advantages_B_1 = advantages_B.detach().to(dtype).unsqueeze(1)
     surrogate_B_C = ratio_B_C * advantages_B_1
     clipped_surrogate_B_C = ratio_B_C.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high) * advantages_B_1
-    token_loss_B_C = -torch.minimum(surrogate_B_C, clipped_surrogate_B_C)
+    return surrogate_B_C, clipped_surrogate_B_C, -torch.minimum(surrogate_B_C, clipped_surrogate_B_C)
 
+
+def _importance_weighted(
+    token_loss_B_C: torch.Tensor,
+    logprobs_B_C: torch.Tensor,
+    old_logprobs_B_C: torch.Tensor,
+    behaviour_logprobs_B_C: torch.Tensor | None,
+    mask_B_C: torch.Tensor,
+    is_cap: float | None,
+    is_cap_mode: str,
+    zero: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(token_loss_B_C * w_B_C, w_B_C, capped_B_C)``: the off-policy correction (module docstring), a weight
+    of 1 and no token capped without behaviour log-probs."""
+    shape_B_C = tuple(logprobs_B_C.shape)
     one = logprobs_B_C.new_ones(())
     weight_B_C = one.expand(shape_B_C)
     capped_B_C = torch.zeros(shape_B_C, dtype=torch.bool, device=logprobs_B_C.device)
@@ -292,7 +381,22 @@ def policy_loss(
         token_loss_B_C = weight_B_C * token_loss_B_C
         if is_cap_mode == "mask":  # dropped, not multiplied by 0: 0 * inf would be NaN
             token_loss_B_C = torch.where(capped_B_C, zero, token_loss_B_C)
+    return token_loss_B_C, weight_B_C, capped_B_C
 
+
+def _regularised(
+    token_loss_B_C: torch.Tensor,
+    logprobs_B_C: torch.Tensor,
+    ref_logprobs_B_C: torch.Tensor | None,
+    entropy_B_C: torch.Tensor | None,
+    mask_B_C: torch.Tensor,
+    kl_coef: float,
+    kl_estimator: KLEstimator,
+    entropy_coef: float,
+    zero: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(token_loss_B_C + kl_coef * KL_B_C - entropy_coef * entropy_B_C, kl_sum)``: each term only when its
+    coefficient is > 0; ``kl_sum`` (the metric, float32) whenever a reference is given, else 0."""
     if ref_logprobs_B_C is not None:
         safe_ref_B_C = torch.where(mask_B_C, ref_logprobs_B_C.detach(), zero)
         kl_B_C = kl_penalty(torch.where(mask_B_C, logprobs_B_C, zero), safe_ref_B_C, kl_estimator)
@@ -303,33 +407,28 @@ def policy_loss(
         kl_sum = zero.detach().float()
     if entropy_B_C is not None and entropy_coef > 0:
         token_loss_B_C = token_loss_B_C - entropy_coef * torch.where(mask_B_C, entropy_B_C, zero)
+    return token_loss_B_C, kl_sum
 
-    masked_loss_B_C = torch.where(mask_B_C, token_loss_B_C, zero)
-    loss_sum = masked_loss_B_C.sum()
-    tokens = mask_B_C.sum().to(torch.float32)
+
+def _aggregate(
+    masked_loss_B_C: torch.Tensor,
+    loss_sum: torch.Tensor,
+    tokens: torch.Tensor,
+    tokens_B: torch.Tensor,
+    loss_agg: str,
+    num_tokens: float | torch.Tensor | None,
+    num_sequences: float | torch.Tensor | None,
+    max_len: int | None,
+) -> torch.Tensor:
+    """The loss under ``loss_agg`` (module docstring, "Aggregation"), each normaliser validated or defaulted."""
     if loss_agg == "token_mean":
-        loss = loss_sum / _normaliser("num_tokens", num_tokens, tokens.to(loss_sum.dtype).clamp(min=1.0), loss_sum)
-    else:
-        default_sequences = loss_sum.new_tensor(float(max(shape_B_C[0], 1)))  # B = 0: loss 0, not 0 / 0
-        sequences = _normaliser("num_sequences", num_sequences, default_sequences, loss_sum)
-        if loss_agg == "seq_mean_token_mean":
-            loss = (masked_loss_B_C.sum(dim=1) / tokens_B.clamp(min=1.0)).sum() / sequences
-        else:
-            assert max_len is not None  # checked above
-            loss = loss_sum / (sequences * max_len)
-
-    clipped_B_C = (clipped_surrogate_B_C < surrogate_B_C) & mask_B_C
-    metrics = {
-        "loss_sum": loss_sum.detach().float(),
-        "clipped_tokens": clipped_B_C.sum().to(torch.float32),
-        "ratio_sum": torch.where(mask_B_C, ratio_B_C, zero).sum().detach().float(),
-        "kl_sum": kl_sum,
-        "tokens": tokens,
-        "is_weight_sum": torch.where(mask_B_C, weight_B_C, zero).sum().detach().float(),
-        "is_capped_tokens": capped_B_C.sum().to(torch.float32),
-        "ratio_limited_tokens": limited_B_C.sum().to(torch.float32),
-    }
-    return loss, metrics
+        return loss_sum / _normaliser("num_tokens", num_tokens, tokens.to(loss_sum.dtype).clamp(min=1.0), loss_sum)
+    default_sequences = loss_sum.new_tensor(float(max(masked_loss_B_C.shape[0], 1)))  # B = 0: loss 0, not 0 / 0
+    sequences = _normaliser("num_sequences", num_sequences, default_sequences, loss_sum)
+    if loss_agg == "seq_mean_token_mean":
+        return (masked_loss_B_C.sum(dim=1) / tokens_B.clamp(min=1.0)).sum() / sequences
+    assert max_len is not None  # checked by _check_choices
+    return loss_sum / (sequences * max_len)
 
 
 def grpo_loss(
@@ -399,3 +498,28 @@ def grpo_loss(
         num_tokens=num_tokens,
     )
     return loss, {k: metrics[k] for k in ("loss_sum", "clipped_tokens", "ratio_sum", "kl_sum", "tokens")}
+
+
+def _loss_metrics(
+    loss_sum: torch.Tensor,
+    tokens: torch.Tensor,
+    kl_sum: torch.Tensor,
+    mask_B_C: torch.Tensor,
+    clipped_B_C: torch.Tensor,
+    ratio_B_C: torch.Tensor,
+    weight_B_C: torch.Tensor,
+    capped_B_C: torch.Tensor,
+    limited_B_C: torch.Tensor,
+    zero: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """:func:`policy_loss`'s metrics: 0-d float32 sums over masked tokens, left on device."""
+    return {
+        "loss_sum": loss_sum.detach().float(),
+        "clipped_tokens": clipped_B_C.sum().to(torch.float32),
+        "ratio_sum": torch.where(mask_B_C, ratio_B_C, zero).sum().detach().float(),
+        "kl_sum": kl_sum,
+        "tokens": tokens,
+        "is_weight_sum": torch.where(mask_B_C, weight_B_C, zero).sum().detach().float(),
+        "is_capped_tokens": capped_B_C.sum().to(torch.float32),
+        "ratio_limited_tokens": limited_B_C.sum().to(torch.float32),
+    }

@@ -809,20 +809,80 @@ def _absence(
     check: SiteCheck,
     facts: RankFacts,
 ) -> Divergence:
+    """Why ranks ``absent`` have no record at ``seq`` of ``group`` while ranks ``present`` do, in order of
+    precedence: a rank crashed, the absent ranks are still busy with the same command (stragglers, see
+    :func:`_busy`), or one side issued a collective the other never will (extra or missing)."""
     ref_rank = min(present)
     ref = present[ref_rank]
+    sides = [_side(states, ref_rank, ref)] + [_absent_side(states, r, by_rank[r]) for r in absent]
+    crashed = _crashed(states, group, seq, present, absent, sides, facts)
+    if crashed is not None:
+        return crashed
     where = f"group {group} seq {seq}"
+    busy = _busy(states, ref, absent, facts)
+    if busy and len(busy) == len(absent):
+        wait = _age(states[ref_rank], ref)
+        return Divergence(
+            "straggler",
+            busy,
+            group,
+            seq,
+            sides,
+            f"rank(s) {busy} have not reached {ref['op']} at "
+            f"{ref['site']} ({where}) yet: still running command {ref.get('command')} outside any collective "
+            f"while rank(s) {sorted(present)} wait{'' if wait is None else f' {wait:.1f} s'} "
+            "(slow, not a desync)",
+        )
+    command_seq = ref.get("command_seq")
+    never, evidence = facts.never(int(command_seq)) if command_seq is not None else (frozenset(), frozenset())
+    certain = all(rank in never for rank in absent)
+    proof = {"certain": certain, "evidence": sorted(evidence) if certain else []}
+    if len(present) < len(absent) or (len(present) == len(absent) and check(str(ref.get("site")))):
+        ranks = sorted(present)
+        return Divergence(
+            "extra collective",
+            ranks,
+            group,
+            seq,
+            sides,
+            f"rank(s) {ranks} issued {ref['op']} at {ref['site']} ({where}) that rank(s) {absent} never issue",
+            **proof,
+        )
+    return Divergence(
+        "missing collective",
+        absent,
+        group,
+        seq,
+        sides,
+        f"rank(s) {absent} never issued "
+        f"{ref['op']} at {ref['site']} ({where}); rank(s) {sorted(present)} wait for them",
+        **proof,
+    )
 
-    def last_in_group(rank: int) -> dict[str, Any] | None:
-        seqs = by_rank[rank]
-        return seqs[max(seqs)] if seqs else None
 
-    def absent_side(rank: int) -> dict[str, Any]:
-        records = states[rank].get("records", ())
-        pending = [rec for rec in records if rec.get("t_end") is None and not rec.get("from_tail")]
-        return _side(states, rank, pending[-1] if pending else last_in_group(rank) or _last(records))
+def _absent_side(
+    states: Mapping[int, Mapping[str, Any]], rank: int, in_group: dict[int, dict[str, Any]]
+) -> dict[str, Any]:
+    """An absent rank's side: its pending call anywhere, else its last record in the group (``in_group``: its
+    records there by sequence number), else its last record."""
+    records = states[rank].get("records", ())
+    pending = [rec for rec in records if rec.get("t_end") is None and not rec.get("from_tail")]
+    last_in_group = in_group[max(in_group)] if in_group else None
+    return _side(states, rank, pending[-1] if pending else last_in_group or _last(records))
 
-    sides = [_side(states, ref_rank, ref)] + [absent_side(r) for r in absent]
+
+def _crashed(
+    states: Mapping[int, Mapping[str, Any]],
+    group: str,
+    seq: int,
+    present: dict[int, dict[str, Any]],
+    absent: list[int],
+    sides: list[dict[str, Any]],
+    facts: RankFacts,
+) -> Divergence | None:
+    """A 'crashed rank' divergence when an absent rank died, or every rank that issued the call died in it."""
+    ref = present[min(present)]
+    where = f"group {group} seq {seq}"
     dead = [r for r in absent if states[r].get("crashed")]
     if dead:
         return Divergence(
@@ -848,13 +908,21 @@ def _absence(
             f"{states[ranks[0]].get('detail', '')}) before rank(s) {absent} reached it",
             certain=all(facts.dead(rank) for rank in ranks),
         )
+    return None
+
+
+def _busy(
+    states: Mapping[int, Mapping[str, Any]], ref: Mapping[str, Any], absent: list[int], facts: RankFacts
+) -> list[int]:
+    """The absent ranks still running the command the call ``ref`` belongs to, outside any collective, or that
+    the command has not reached yet: stragglers, not a desync."""
     command = (ref.get("command"), ref.get("command_seq"))
     command_seq = ref.get("command_seq")
 
     def blocked_elsewhere(rank: int) -> bool:
         return any(rec.get("t_end") is None for rec in states[rank].get("records", ()))
 
-    busy = [
+    return [
         r
         for r in absent
         if (
@@ -864,43 +932,6 @@ def _absence(
         )
         or (command_seq is not None and facts.not_started(r, int(command_seq)))  # the command has not reached it
     ]
-    if busy and len(busy) == len(absent):
-        wait = _age(states[ref_rank], ref)
-        return Divergence(
-            "straggler",
-            busy,
-            group,
-            seq,
-            sides,
-            f"rank(s) {busy} have not reached {ref['op']} at "
-            f"{ref['site']} ({where}) yet: still running command {command[0]} outside any collective "
-            f"while rank(s) {sorted(present)} wait{'' if wait is None else f' {wait:.1f} s'} "
-            "(slow, not a desync)",
-        )
-    never, evidence = facts.never(int(command_seq)) if command_seq is not None else (frozenset(), frozenset())
-    certain = all(rank in never for rank in absent)
-    proof = {"certain": certain, "evidence": sorted(evidence) if certain else []}
-    if len(present) < len(absent) or (len(present) == len(absent) and check(str(ref.get("site")))):
-        ranks = sorted(present)
-        return Divergence(
-            "extra collective",
-            ranks,
-            group,
-            seq,
-            sides,
-            f"rank(s) {ranks} issued {ref['op']} at {ref['site']} ({where}) that rank(s) {absent} never issue",
-            **proof,
-        )
-    return Divergence(
-        "missing collective",
-        absent,
-        group,
-        seq,
-        sides,
-        f"rank(s) {absent} never issued "
-        f"{ref['op']} at {ref['site']} ({where}); rank(s) {sorted(present)} wait for them",
-        **proof,
-    )
 
 
 def _summary(states: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ Shape names: ``B`` = sequences, ``P`` = prompt tokens (left-padded), ``C`` = com
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -138,103 +139,155 @@ def sample_completions(
     Raises:
         ValueError: empty prompt list or prompt, an empty ``eos_token_id`` list, or invalid sampling parameters.
     """
-    from transformers import DynamicCache
-
-    max_new_tokens, temperature = params.max_new_tokens, params.temperature
-    top_k, top_p = params.top_k, params.top_p
-    validate_params(max_new_tokens, temperature, top_k, top_p)
+    validate_params(params.max_new_tokens, params.temperature, params.top_k, params.top_p)
     device = next(model.parameters()).device
     stopping = stop_criteria if stop_criteria is not None else StopCriteria(eos_token_id)
-    scale = temperature if temperature > 0 else 1.0
-
     with torch.inference_mode():
-        # Prefill each distinct prompt once (a GRPO group repeats its prompt group_size times), then give every
-        # row its prompt's cache and last logits: the same numbers as a per-row prefill.
-        distinct: dict[tuple[int, ...], int] = {}
-        inverse = [distinct.setdefault(tuple(ids), len(distinct)) for ids in prompt_ids]
-        batch = len(prompt_ids)
-        if () in distinct:  # left_pad would name the index among the distinct prompts
-            left_pad(prompt_ids, pad_token_id)
-        unique_ids_U_P, unique_mask_U_P = left_pad(list(distinct), pad_token_id, device)
-        position_ids_U_P = (unique_mask_U_P.long().cumsum(dim=1) - 1).clamp(min=0)
-        cache = DynamicCache()
+        cache, attention_mask_A_T, next_position_A_1, logits_A_1_V = _prefill(model, prompt_ids, pad_token_id, device)
+        return _decode(
+            model,
+            cache,
+            logits_A_1_V,
+            attention_mask_A_T,
+            next_position_A_1,
+            len(prompt_ids),
+            params,
+            stopping,
+            pad_token_id=pad_token_id,
+            generator=generator,
+            before_step=before_step,
+        )
+
+
+def _prefill(
+    model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]], pad_token_id: int, device: torch.device
+) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(cache, attention_mask_B_T, next_position_B_1, logits_B_1_V)`` after the prompts' forward pass.
+
+    Each distinct prompt is prefilled once (a GRPO group repeats its prompt group_size times), then every row
+    gets its prompt's cache and last logits: the same numbers as a per-row prefill."""
+    from transformers import DynamicCache
+
+    distinct: dict[tuple[int, ...], int] = {}
+    inverse = [distinct.setdefault(tuple(ids), len(distinct)) for ids in prompt_ids]
+    if () in distinct:  # left_pad would name the index among the distinct prompts
+        left_pad(prompt_ids, pad_token_id)
+    unique_ids_U_P, unique_mask_U_P = left_pad(list(distinct), pad_token_id, device)
+    position_ids_U_P = (unique_mask_U_P.long().cumsum(dim=1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    output = model(
+        input_ids=unique_ids_U_P,
+        attention_mask=unique_mask_U_P.long(),
+        position_ids=position_ids_U_P,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    attention_mask_A_T = unique_mask_U_P.long()
+    next_position_A_1 = position_ids_U_P[:, -1:] + 1
+    first_logits_A_1_V = output.logits
+    if len(distinct) < len(prompt_ids):
+        inverse_B = torch.tensor(inverse, dtype=torch.long, device=device)
+        cache.batch_select_indices(inverse_B)
+        attention_mask_A_T = attention_mask_A_T[inverse_B]
+        next_position_A_1 = next_position_A_1[inverse_B]
+        first_logits_A_1_V = first_logits_A_1_V[inverse_B]
+    return cache, attention_mask_A_T, next_position_A_1, first_logits_A_1_V
+
+
+def _decode(
+    model: torch.nn.Module,
+    cache: Any,
+    logits_A_1_V: torch.Tensor,
+    attention_mask_A_T: torch.Tensor,
+    next_position_A_1: torch.Tensor,
+    batch: int,
+    params: SamplingParams,
+    stopping: StopCriteria,
+    *,
+    pad_token_id: int,
+    generator: torch.Generator | None,
+    before_step: Callable[[int], None] | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`sample_completions`'s decode loop from the prefill's state: one token column per step, finished rows
+    leaving the batch (:func:`_compact`) once that saves more than it costs."""
+    max_new_tokens, temperature = params.max_new_tokens, params.temperature
+    scale = temperature if temperature > 0 else 1.0
+    device = attention_mask_A_T.device
+    tokens_B_C = torch.full((batch, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+    mask_B_C = torch.zeros((batch, max_new_tokens), dtype=torch.bool, device=device)
+    logprobs_B_C = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
+    # The batch's rows ("A", active): rows_A maps them to the call's rows (None: all of them, in order);
+    # done_A marks rows that have ended but not yet left the batch.
+    rows_A: torch.Tensor | None = None
+    done_A = torch.zeros(batch, dtype=torch.bool, device=device)
+    steps = 0
+    for step in range(max_new_tokens):
+        logits_A_V = logits_A_1_V[:, -1, :].float() / scale
+        logprobs_A_V = torch.log_softmax(logits_A_V, dim=-1)
+        if temperature == 0:
+            token_A = logits_A_V.argmax(dim=-1)
+        else:
+            probs_A_V = _filter_logits(logits_A_V, params.top_k, params.top_p).softmax(dim=-1)
+            token_A = _draw(probs_A_V, rows_A, batch, generator)
+        live_A = ~done_A
+        token_A = torch.where(live_A, token_A, pad_token_id)
+        token_logprob_A = torch.where(live_A, logprobs_A_V.gather(-1, token_A.unsqueeze(-1)).squeeze(-1), 0.0)
+        if rows_A is None:
+            tokens_B_C[:, step], mask_B_C[:, step], logprobs_B_C[:, step] = token_A, live_A, token_logprob_A
+        else:
+            tokens_B_C[rows_A, step], mask_B_C[rows_A, step] = token_A, live_A
+            logprobs_B_C[rows_A, step] = token_logprob_A
+        ended_A = stopping.ended_B(_history(stopping, token_A, tokens_B_C, rows_A, step), live_A)
+        done_A = done_A | ended_A
+        steps = step + 1
+        if steps == max_new_tokens:
+            break
+        finished = int(done_A.sum())  # the one host sync per decode step
+        if finished == done_A.numel():
+            break
+        if finished and finished * (max_new_tokens - steps) >= done_A.numel():
+            rows_A, attention_mask_A_T, next_position_A_1, token_A, done_A = _compact(
+                cache, rows_A, attention_mask_A_T, next_position_A_1, token_A, done_A
+            )
+        attention_mask_A_T = torch.cat([attention_mask_A_T, attention_mask_A_T.new_ones((token_A.shape[0], 1))], dim=1)
+        if before_step is not None:
+            before_step(steps)
         output = model(
-            input_ids=unique_ids_U_P,
-            attention_mask=unique_mask_U_P.long(),
-            position_ids=position_ids_U_P,
+            input_ids=token_A.unsqueeze(1),
+            attention_mask=attention_mask_A_T,
+            position_ids=next_position_A_1,
             past_key_values=cache,
             use_cache=True,
-            logits_to_keep=1,
         )
-        attention_mask_A_T = unique_mask_U_P.long()
-        next_position_A_1 = position_ids_U_P[:, -1:] + 1
-        first_logits_A_1_V = output.logits
-        if len(distinct) < batch:
-            inverse_B = torch.tensor(inverse, dtype=torch.long, device=device)
-            cache.batch_select_indices(inverse_B)
-            attention_mask_A_T = attention_mask_A_T[inverse_B]
-            next_position_A_1 = next_position_A_1[inverse_B]
-            first_logits_A_1_V = first_logits_A_1_V[inverse_B]
+        logits_A_1_V = output.logits
+        next_position_A_1 = next_position_A_1 + 1
+    return tokens_B_C[:, :steps], mask_B_C[:, :steps], logprobs_B_C[:, :steps]
 
-        tokens_B_C = torch.full((batch, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
-        mask_B_C = torch.zeros((batch, max_new_tokens), dtype=torch.bool, device=device)
-        logprobs_B_C = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
-        # The batch's rows ("A", active): rows_A maps them to the call's rows (None: all of them, in order);
-        # done_A marks rows that have ended but not yet left the batch.
-        rows_A: torch.Tensor | None = None
-        done_A = torch.zeros(batch, dtype=torch.bool, device=device)
-        steps = 0
-        logits_A_1_V = first_logits_A_1_V
-        for step in range(max_new_tokens):
-            logits_A_V = logits_A_1_V[:, -1, :].float() / scale
-            logprobs_A_V = torch.log_softmax(logits_A_V, dim=-1)
-            if temperature == 0:
-                token_A = logits_A_V.argmax(dim=-1)
-            else:
-                probs_A_V = _filter_logits(logits_A_V, top_k, top_p).softmax(dim=-1)
-                token_A = _draw(probs_A_V, rows_A, batch, generator)
-            live_A = ~done_A
-            token_A = torch.where(live_A, token_A, pad_token_id)
-            token_logprob_A = torch.where(live_A, logprobs_A_V.gather(-1, token_A.unsqueeze(-1)).squeeze(-1), 0.0)
-            if rows_A is None:
-                tokens_B_C[:, step], mask_B_C[:, step], logprobs_B_C[:, step] = token_A, live_A, token_logprob_A
-            else:
-                tokens_B_C[rows_A, step], mask_B_C[rows_A, step] = token_A, live_A
-                logprobs_B_C[rows_A, step] = token_logprob_A
-            # Rows that end with this token; only stop strings need a row's earlier tokens (its decoded text).
-            if not stopping.stop:
-                history_A_T = token_A.unsqueeze(1)
-            elif rows_A is None:
-                history_A_T = tokens_B_C[:, : step + 1]
-            else:
-                history_A_T = tokens_B_C[rows_A, : step + 1]
-            ended_A = stopping.ended_B(history_A_T, live_A)
-            done_A = done_A | ended_A
-            steps = step + 1
-            if steps == max_new_tokens:
-                break
-            finished = int(done_A.sum())  # the one host sync per decode step
-            if finished == done_A.numel():
-                break
-            if finished and finished * (max_new_tokens - steps) >= done_A.numel():
-                keep_A = (~done_A).nonzero().squeeze(1)
-                cache.batch_select_indices(keep_A)
-                rows_A = keep_A if rows_A is None else rows_A[keep_A]
-                attention_mask_A_T, next_position_A_1 = attention_mask_A_T[keep_A], next_position_A_1[keep_A]
-                token_A, done_A = token_A[keep_A], done_A[keep_A]
-            attention_mask_A_T = torch.cat(
-                [attention_mask_A_T, attention_mask_A_T.new_ones((token_A.shape[0], 1))], dim=1
-            )
-            if before_step is not None:
-                before_step(steps)
-            output = model(
-                input_ids=token_A.unsqueeze(1),
-                attention_mask=attention_mask_A_T,
-                position_ids=next_position_A_1,
-                past_key_values=cache,
-                use_cache=True,
-            )
-            logits_A_1_V = output.logits
-            next_position_A_1 = next_position_A_1 + 1
 
-        return tokens_B_C[:, :steps], mask_B_C[:, :steps], logprobs_B_C[:, :steps]
+def _history(
+    stopping: StopCriteria, token_A: torch.Tensor, tokens_B_C: torch.Tensor, rows_A: torch.Tensor | None, step: int
+) -> torch.Tensor:
+    """The tokens ``stopping`` reads to decide which rows end with ``token_A``: that token alone, unless stop
+    strings need each row's earlier tokens (its decoded text)."""
+    if not stopping.stop:
+        return token_A.unsqueeze(1)
+    if rows_A is None:
+        return tokens_B_C[:, : step + 1]
+    return tokens_B_C[rows_A, : step + 1]
+
+
+def _compact(
+    cache: Any,
+    rows_A: torch.Tensor | None,
+    attention_mask_A_T: torch.Tensor,
+    next_position_A_1: torch.Tensor,
+    token_A: torch.Tensor,
+    done_A: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Drop the finished rows from the batch (the KV cache in place, the per-row state returned): ``(rows_A,
+    attention_mask_A_T, next_position_A_1, token_A, done_A)`` of the rows left."""
+    keep_A = (~done_A).nonzero().squeeze(1)
+    cache.batch_select_indices(keep_A)
+    rows_A = keep_A if rows_A is None else rows_A[keep_A]
+    return rows_A, attention_mask_A_T[keep_A], next_position_A_1[keep_A], token_A[keep_A], done_A[keep_A]

@@ -584,7 +584,38 @@ class TrainEngine:
         partial one, would add the policy's lag), counted in ``agreement_tokens``. They are computed from tensors
         the loss already needs, on the device, with no extra host sync.
         """
-        cfg = self.config
+        batch_size = self._check_update_shard(shard)
+        world = self.accelerator.num_processes
+        algo = self.config.algorithm.resolved()
+        if num_sequences_global is None:
+            num_sequences_global = batch_size * world
+        denom = num_tokens_global / world
+        seq_denom = num_sequences_global / world
+        self.model.train()
+        sums = torch.zeros(len(_SUM_KEYS), dtype=torch.float64)
+        maxima = torch.full((len(_MAX_KEYS),), float("-inf"), dtype=torch.float64)
+        micro_batches = self._micro_batches(shard)
+        if self.on_progress is not None:
+            self.on_progress(0, len(micro_batches))
+        logits_options = self._logits_options()
+        for index, mb in enumerate(micro_batches):
+            last = index == len(micro_batches) - 1
+            with contextlib.nullcontext() if last else self._no_sync():
+                loss, metrics, logprobs_B_C, entropy_B_C = self._micro_batch_loss(
+                    mb, algo, logits_options, denom, seq_denom
+                )
+                self.accelerator.backward(loss)
+            sums_row, maxima_row = self._micro_batch_stats(mb, loss, metrics, logprobs_B_C, entropy_B_C)
+            maxima = torch.maximum(maxima, maxima_row)
+            sums += sums_row
+            if self.on_progress is not None:
+                self.on_progress(index + 1, len(micro_batches))
+        return torch.cat([sums, maxima])
+
+    @staticmethod
+    def _check_update_shard(shard: dict[str, torch.Tensor]) -> int:
+        """The shard's sequence count, after checking its keys (:meth:`accumulate_gradients`) and that it has
+        a sequence."""
         expected = {"prompt_ids_B_P", "prompt_mask_B_P", "completion_ids_B_C", "completion_mask_B_C",
                     "logprobs_B_C", "advantages_B"}  # fmt: skip
         # completion_attention_mask_B_C default: completion_mask_B_C (attend = train); old_logprobs_B_C (the
@@ -598,96 +629,98 @@ class TrainEngine:
         batch_size = shard["completion_ids_B_C"].shape[0]
         if batch_size == 0:
             raise ValueError("update shard is empty: every rank needs at least one sequence")
-        world = self.accelerator.num_processes
-        algo = cfg.algorithm.resolved()
-        if num_sequences_global is None:
-            num_sequences_global = batch_size * world
-        denom = num_tokens_global / world
-        seq_denom = num_sequences_global / world
-        entropy_grad = algo.entropy_coef > 0
-        self.model.train()
-        sums = torch.zeros(len(_SUM_KEYS), dtype=torch.float64)
-        maxima = torch.full((len(_MAX_KEYS),), float("-inf"), dtype=torch.float64)
-        micro_batches = self._micro_batches(shard)
-        if self.on_progress is not None:
-            self.on_progress(0, len(micro_batches))
-        logits_options = self._logits_options()
-        for index, mb in enumerate(micro_batches):
-            last = index == len(micro_batches) - 1
-            sync_ctx = contextlib.nullcontext() if last else self._no_sync()
-            with sync_ctx:
-                logprobs_B_C, entropy_B_C = self._forward(
-                    self.model, mb, with_entropy=True, entropy_grad=entropy_grad, **logits_options
-                )
-                ref_logprobs_B_C = None
-                if self.ref_model is not None:
-                    with torch.no_grad():
-                        # Not checkpointed and not sharded: its own prompt sharing, any model calls.
-                        ref_options = {**logits_options, "share_prompts": cfg.train.share_prompt_prefix}
-                        ref_options["uniform_calls"] = False
-                        ref_logprobs_B_C, _ = self._forward(self.ref_model, mb, **ref_options)
-                correct = algo.off_policy != "none"
-                loss, metrics = policy_loss(
-                    logprobs_B_C,
-                    mb.get("old_logprobs_B_C", logprobs_B_C.detach()) if correct else mb["logprobs_B_C"],
-                    mb["advantages_B"],
-                    mb["completion_mask_B_C"],
-                    clip_eps_low=algo.clip_eps_low,
-                    clip_eps_high=algo.clip_eps_high,
-                    loss_agg=algo.loss_agg or "token_mean",
-                    ratio_level=algo.ratio_level or "token",
-                    kl_coef=algo.kl_coef,
-                    kl_estimator=algo.kl_estimator,
-                    ref_logprobs_B_C=ref_logprobs_B_C,
-                    entropy_coef=algo.entropy_coef,
-                    entropy_B_C=entropy_B_C,
-                    behaviour_logprobs_B_C=mb["logprobs_B_C"] if correct else None,
-                    is_cap=algo.is_cap if correct else None,
-                    is_cap_mode="mask" if algo.off_policy == "decoupled" else "truncate",
-                    num_tokens=denom,
-                    num_sequences=seq_denom,
-                    max_len=cfg.rollout.max_new_tokens,
-                )
-                self.accelerator.backward(loss)
-            mask_B_C = mb["completion_mask_B_C"]
-            entropy_sum = (entropy_B_C.detach() * mask_B_C).sum() if entropy_B_C is not None else torch.zeros(())
+        return int(batch_size)
+
+    def _micro_batch_loss(
+        self,
+        mb: dict[str, torch.Tensor],
+        algo: Any,
+        logits_options: dict[str, Any],
+        denom: float,
+        seq_denom: float,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor | None]:
+        """``(loss, metrics, logprobs_B_C, entropy_B_C)`` of one micro-batch: the policy's forward (and the
+        reference model's, without gradients), then :func:`policy_loss` with ``algo``'s options and the per-rank
+        normalisers ``denom`` (tokens) and ``seq_denom`` (sequences). The caller runs the backward."""
+        cfg = self.config
+        logprobs_B_C, entropy_B_C = self._forward(
+            self.model, mb, with_entropy=True, entropy_grad=algo.entropy_coef > 0, **logits_options
+        )
+        ref_logprobs_B_C = None
+        if self.ref_model is not None:
             with torch.no_grad():
-                valid_B_C = _agreement_tokens(mb)
-                log_ratio_B_C = logprobs_B_C.detach().double() - mb["logprobs_B_C"].double()
-                absdiff_B_C = torch.where(valid_B_C, log_ratio_B_C.abs(), 0.0)
-                ratio_B_C = torch.where(valid_B_C, log_ratio_B_C.exp(), 0.0)
-                ratio_dev_B_C = torch.where(valid_B_C, log_ratio_B_C.expm1(), 0.0)  # ratio - 1, no cancellation
-                neg_inf = torch.tensor(float("-inf"), dtype=torch.float64)
-                maxima = torch.maximum(
-                    maxima,
-                    torch.stack(
-                        [
-                            torch.where(valid_B_C, absdiff_B_C, neg_inf).max(),
-                            torch.where(valid_B_C, ratio_B_C, neg_inf).max(),
-                            torch.where(valid_B_C, -ratio_B_C, neg_inf).max(),
-                        ]
-                    ),
-                )
-            sums += torch.stack(
+                # Not checkpointed and not sharded: its own prompt sharing, any model calls.
+                ref_options = {**logits_options, "share_prompts": cfg.train.share_prompt_prefix}
+                ref_options["uniform_calls"] = False
+                ref_logprobs_B_C, _ = self._forward(self.ref_model, mb, **ref_options)
+        correct = algo.off_policy != "none"
+        loss, metrics = policy_loss(
+            logprobs_B_C,
+            mb.get("old_logprobs_B_C", logprobs_B_C.detach()) if correct else mb["logprobs_B_C"],
+            mb["advantages_B"],
+            mb["completion_mask_B_C"],
+            clip_eps_low=algo.clip_eps_low,
+            clip_eps_high=algo.clip_eps_high,
+            loss_agg=algo.loss_agg or "token_mean",
+            ratio_level=algo.ratio_level or "token",
+            kl_coef=algo.kl_coef,
+            kl_estimator=algo.kl_estimator,
+            ref_logprobs_B_C=ref_logprobs_B_C,
+            entropy_coef=algo.entropy_coef,
+            entropy_B_C=entropy_B_C,
+            behaviour_logprobs_B_C=mb["logprobs_B_C"] if correct else None,
+            is_cap=algo.is_cap if correct else None,
+            is_cap_mode="mask" if algo.off_policy == "decoupled" else "truncate",
+            num_tokens=denom,
+            num_sequences=seq_denom,
+            max_len=cfg.rollout.max_new_tokens,
+        )
+        return loss, metrics, logprobs_B_C, entropy_B_C
+
+    @staticmethod
+    def _micro_batch_stats(
+        mb: dict[str, torch.Tensor],
+        loss: torch.Tensor,
+        metrics: dict[str, torch.Tensor],
+        logprobs_B_C: torch.Tensor,
+        entropy_B_C: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One micro-batch's ``(sums, maxima)`` in ``_SUM_KEYS`` / ``_MAX_KEYS`` order, float64, on the device: the
+        loss's metrics, the entropy, and the trainer-vs-engine agreement over :func:`_agreement_tokens`."""
+        mask_B_C = mb["completion_mask_B_C"]
+        entropy_sum = (entropy_B_C.detach() * mask_B_C).sum() if entropy_B_C is not None else torch.zeros(())
+        with torch.no_grad():
+            valid_B_C = _agreement_tokens(mb)
+            log_ratio_B_C = logprobs_B_C.detach().double() - mb["logprobs_B_C"].double()
+            absdiff_B_C = torch.where(valid_B_C, log_ratio_B_C.abs(), 0.0)
+            ratio_B_C = torch.where(valid_B_C, log_ratio_B_C.exp(), 0.0)
+            ratio_dev_B_C = torch.where(valid_B_C, log_ratio_B_C.expm1(), 0.0)  # ratio - 1, no cancellation
+            neg_inf = torch.tensor(float("-inf"), dtype=torch.float64)
+            maxima = torch.stack(
                 [
-                    metrics["loss_sum"].detach().double(),
-                    metrics["clipped_tokens"].detach().double(),
-                    metrics["ratio_sum"].detach().double(),
-                    metrics["kl_sum"].detach().double(),
-                    entropy_sum.double(),
-                    metrics["tokens"].detach().double(),
-                    absdiff_B_C.sum(),
-                    (ratio_dev_B_C * ratio_dev_B_C).sum(),
-                    loss.detach().double(),
-                    metrics["is_weight_sum"].detach().double(),
-                    metrics["is_capped_tokens"].detach().double(),
-                    valid_B_C.sum().double(),
-                    metrics["ratio_limited_tokens"].detach().double(),
+                    torch.where(valid_B_C, absdiff_B_C, neg_inf).max(),
+                    torch.where(valid_B_C, ratio_B_C, neg_inf).max(),
+                    torch.where(valid_B_C, -ratio_B_C, neg_inf).max(),
                 ]
             )
-            if self.on_progress is not None:
-                self.on_progress(index + 1, len(micro_batches))
-        return torch.cat([sums, maxima])
+        sums = torch.stack(
+            [
+                metrics["loss_sum"].detach().double(),
+                metrics["clipped_tokens"].detach().double(),
+                metrics["ratio_sum"].detach().double(),
+                metrics["kl_sum"].detach().double(),
+                entropy_sum.double(),
+                metrics["tokens"].detach().double(),
+                absdiff_B_C.sum(),
+                (ratio_dev_B_C * ratio_dev_B_C).sum(),
+                loss.detach().double(),
+                metrics["is_weight_sum"].detach().double(),
+                metrics["is_capped_tokens"].detach().double(),
+                valid_B_C.sum().double(),
+                metrics["ratio_limited_tokens"].detach().double(),
+            ]
+        )
+        return sums, maxima
 
     def sft_update(
         self,
