@@ -26,7 +26,7 @@ from rlsdk.engine.inference.protocol import InferenceEngine, SessionEngine, Weig
 from rlsdk.observe.logging import RankLogRouter, capture_records, get_logger, set_log_context
 from rlsdk.observe.metrics import MetricsWriter
 from rlsdk.observe.rollout_metrics import samples_markdown
-from rlsdk.observe.status import last_batch_staleness
+from rlsdk.observe.update_stats import sync_metrics
 from rlsdk.preflight import check_before_start
 from rlsdk.preflight import check_data as check_data  # re-exported: imported from here before rlsdk.preflight
 from rlsdk.preflight import check_model_dir as check_model_dir
@@ -105,28 +105,6 @@ class Session:
     @engine.setter
     def engine(self, engine: SessionEngine | None) -> None:
         self._engines.engine = engine
-
-    # The run's process half, under the names the Session's own code, tests and the dashboard used before it
-    # moved to rlsdk.supervisor.
-    @property
-    def _channel(self) -> Any:
-        return self._run.channel
-
-    @property
-    def _launcher(self) -> Any:
-        return self._run.launcher
-
-    @_launcher.setter
-    def _launcher(self, launcher: Any) -> None:
-        self._run.launcher = launcher
-
-    @property
-    def _publish_dir(self) -> str | None:
-        return self._run.publish_dir
-
-    @property
-    def _broadcasts(self) -> int:
-        return self._run.broadcasts
 
     @property
     def log_router(self) -> RankLogRouter | None:
@@ -254,34 +232,23 @@ class Session:
         )
 
     async def _start_engine(self) -> None:
-        began = time.perf_counter()
+        cfg, began = self.config, time.perf_counter()
         try:
-            await self._start_engine_parts()
+            self.tokenizer, self.special_tokens = await parts.load_tokenizer(cfg, self.tokenizer, self.special_tokens)
+            await self._engines.attach()
+            self._engines.pin_threads()  # restored by close()
+            self.workflow = self._default_workflow = parts.default_workflow(cfg, self.tokenizer, self.special_tokens)
+            self.prompt_sampler = await parts.prompt_sampler(cfg, self._dataset, self.tokenizer)
+            self.metrics = parts.metrics_writer(cfg, self.output_dir)
         finally:
             self.start_seconds["engine_load (overlapped)"] = time.perf_counter() - began
 
-    async def _start_engine_parts(self) -> None:
-        cfg = self.config
-        self.tokenizer, self.special_tokens = await parts.load_tokenizer(cfg, self.tokenizer, self.special_tokens)
-        await self._engines.attach()
-        self._engines.pin_threads()  # restored by close()
-        self.workflow = self._default_workflow = parts.default_workflow(cfg, self.tokenizer, self.special_tokens)
-        self.prompt_sampler = await parts.prompt_sampler(cfg, self._dataset, self.tokenizer)
-        self.metrics = parts.metrics_writer(cfg, self.output_dir)
-
     async def _build_engine(self) -> SessionEngine:
         """The configured engine (see :func:`rlsdk.engine.inference.build_engine`)."""
-        from rlsdk.engine.inference import EngineContext, build_engine
+        from rlsdk.engine.inference import build_engine
 
-        context = EngineContext(
-            config=self.config,
-            special_tokens=self.special_tokens,
-            trainer=TrainerRanks(self._run),
-            launcher=self._launcher,
-            runtime_dir=None if self._run.runtime_dir is None else self._run.runtime_dir.path,
-            publish_dir=self._publish_dir,
-            on_line=lambda line: self._run.inference_line(line, version=self.versions.engine_version),
-            num_threads=self._engines.num_threads,
+        context = self._run.engine_context(
+            self.special_tokens, lambda: self.versions.engine_version, self._engines.num_threads
         )
         return await build_engine(context)
 
@@ -480,10 +447,7 @@ class Session:
         self.versions.trainer_checksum = info.checksum
         self.versions.record_sync(info.version, info.checksum, seconds)
         if self.metrics is not None:
-            sync_stats = {"time/sync_s": seconds, "version/engine": float(info.version)}
-            if info.bytes is not None:  # what the sync moved (a LoRA run: the adapter only)
-                sync_stats["sync/bytes"] = float(info.bytes)
-            self.metrics.log(self.step, sync_stats)
+            self.metrics.log(self.step, sync_metrics(info, seconds))
         logger.debug("engine now serves v%d (sync %.3f s)", info.version, seconds)
         return info
 
@@ -617,7 +581,7 @@ class Session:
         return await self._run.trace(timeout_s)
 
     def _check_open(self) -> None:
-        if self._channel is None or self._closed:
+        if self._run.channel is None or self._closed:
             raise SessionClosedError("the session is closed; start a new one with Session.start(config)")
 
     def _record_trace(self, report: Any) -> None:
@@ -646,22 +610,9 @@ class Session:
         last batch's staleness verdict (``last_batch``: see :func:`rlsdk.observe.status.last_batch_staleness`),
         the latest collective trace's headline (``trace``) and a command the watchdog reported hung (``hung``),
         for humans and dashboards."""
-        from rlsdk.observe.status import hung_summary, trace_summary
+        from rlsdk.observe.status import session_status
 
-        return {
-            "closed": self._closed,
-            "failure": None if self._run.failure is None else str(self._run.failure).splitlines()[0],
-            "ranks": self._run.rank_status(running=not self._closed),
-            "trainer_version": self.versions.trainer_version,
-            "engine_version": self.versions.engine_version,
-            "in_sync": self.versions.in_sync,
-            "step": self.step,
-            "trace": trace_summary(self.last_trace, self.last_trace_time),
-            "hung": hung_summary(self.hung_command),
-            "last_batch": last_batch_staleness(
-                self.metrics.history if self.metrics is not None else (), self.config.rollout.max_staleness
-            ),
-        }
+        return session_status(self, failure=self._run.failure, ranks=self._run.rank_status(running=not self._closed))
 
     def status_text(self) -> str:
         """:meth:`status` and the latest metrics as a few plain-text lines (the terminal's dashboard)."""

@@ -252,6 +252,23 @@ class RunSupervisor:
             await task
         return results
 
+    def engine_context(self, special_tokens: Any, engine_version: Callable[[], int], num_threads: int | None) -> Any:
+        """What the engine factory needs of the run (:class:`~rlsdk.engine.inference.EngineContext`): the trainer
+        handle, the launcher (a replica a cluster job started), the private directories, and where the server's
+        output lines go (tagged with ``engine_version()``, the version served then)."""
+        from rlsdk.engine.inference import EngineContext
+
+        return EngineContext(
+            config=self.config,
+            special_tokens=special_tokens,
+            trainer=TrainerRanks(self),
+            launcher=self.launcher,
+            runtime_dir=None if self.runtime_dir is None else self.runtime_dir.path,
+            publish_dir=self.publish_dir,
+            on_line=lambda line: self.inference_line(line, version=engine_version()),
+            num_threads=num_threads,
+        )
+
     # ------------------------------------------------------------------ child output
     def route_child_line(self, line: str, *, role: str, component: str, level: str, version: int | None) -> None:
         """Show a line a child process printed (launcher, inference server) in the rank-tagged log stream."""

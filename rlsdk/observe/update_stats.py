@@ -59,6 +59,15 @@ def update_step_metrics(
     }
 
 
+def sync_metrics(info: Any, seconds: float) -> dict[str, float]:
+    """A weight sync's metrics (``info``: the engine's ``WeightInfo``): its time, the version served, and the bytes
+    it moved where the engine reports them (a LoRA run: the adapter only)."""
+    stats = {"time/sync_s": seconds, "version/engine": float(info.version)}
+    if info.bytes is not None:
+        stats["sync/bytes"] = float(info.bytes)
+    return stats
+
+
 def sft_step_metrics(
     results: Sequence[dict[str, float]], *, step: int, seconds: float, versions: VersionLedger
 ) -> dict[str, float]:
