@@ -187,36 +187,35 @@ async def eval_rows(
 
 
 async def evaluate_policy(
+    session: Any,
     engine: Any,
-    workflow: Any,
     rows: list[dict[str, Any]],
     reward: Callable[[Any], Awaitable[Any]],
     *,
-    config: SessionConfig,
-    step: int,
-    versions: Any,
-    eos_token_ids: Any,
-    metrics_writer: Any,
     n: int,
     greedy: bool,
-    pass_threshold: float,
+    threshold: float,
     prefix: str,
 ) -> dict[str, float]:
-    """Sample ``n`` completions per row from ``engine`` with ``workflow`` (greedy or sampled, see
+    """Sample ``n`` completions per row from ``engine`` with the session's workflow (greedy or sampled, see
     :func:`eval_workflow`), score them with ``reward`` (a rollout -> rewarded rollout call), and log and return
-    :func:`eval_metrics` (to ``metrics_writer`` at ``step``, with sample completions under ``PREFIX/samples``)."""
+    :func:`eval_metrics` (``threshold``: its ``pass_threshold``) to the session's metrics at its step, with sample
+    completions under ``PREFIX/samples``. ``session``: the Session (its public ``workflow``, ``config``, ``step``,
+    ``versions``, ``special_tokens`` and ``metrics``)."""
     import time
 
     from rlsdk.observe.rollout_metrics import samples_markdown
 
-    workflow = eval_workflow(workflow, greedy=greedy)
+    config, step, versions, metrics_writer = session.config, session.step, session.versions, session.metrics
+    eos_token_ids = session.special_tokens.eos_token_ids
+    workflow = eval_workflow(session.workflow, greedy=greedy)
     start = time.perf_counter()
     rollout = await workflow.arun_batch(engine, rows, n, seed=eval_seed(config, step))
     rollout = await reward(rollout)
     metrics = eval_metrics(
         rollout,
         n=n,
-        pass_threshold=pass_threshold,
+        pass_threshold=threshold,
         max_new_tokens=getattr(getattr(workflow, "params", None), "max_new_tokens", 0) or 1 << 30,
         eos_token_ids=eos_token_ids,
         engine_version=versions.engine_version,

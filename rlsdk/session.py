@@ -14,6 +14,7 @@ The same calls work from Jupyter (top-level ``await``) and from a script (``asyn
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -384,9 +385,7 @@ class Session:
         prepared = prepare_update(rollout, cfg, self.versions.trainer_version)
         self.versions.dropped_stale_samples += prepared.stale
         bodies = prepared.bodies(world, engine.train_fields(world, self._sampling.next_request))
-        trainer_version = self.versions.trainer_version
-        assert rollout.rewards_B is not None  # prepare_update checked
-        reward_mean = float(rollout.rewards_B.mean())
+        trainer_version, reward_mean = self.versions.trainer_version, prepared.reward_mean
         with CallProgress(
             "update",
             unit="micro-batch",
@@ -396,29 +395,16 @@ class Session:
         ):
             results = await self._broadcast("update", bodies, timeout_s=cfg.launch.command_timeout_s)
         self._record_trainer_version("update", results, engine)
+        update_s, eos = time.perf_counter() - start, self.special_tokens.eos_token_ids
         stats = update_step_metrics(
-            rollout,
-            results,
-            step=self.step,
-            config=cfg,
-            eos_token_ids=self.special_tokens.eos_token_ids,
-            versions=self.versions,
-            stale=prepared.stale,
-            used=prepared.index_B.numel(),
-            update_s=time.perf_counter() - start,
+            rollout, results, prepared, cfg, self.versions, eos, step=self.step, update_s=update_s
         )
         if self.metrics is not None:
             self.metrics.log(self.step, stats)
             self.metrics.log_text(self.step, "samples", samples_markdown(rollout))
-        self._entropy_checked = warn_after_update(
-            stats,
-            prepared.advantages_B[prepared.index_B],
-            cfg,
-            step=self.step,
-            trainer_version=self.versions.trainer_version,
-            vocab=len(self.tokenizer) if self.tokenizer is not None else 0,
-            entropy_checked=self._entropy_checked,
-        )
+        vocab = len(self.tokenizer) if self.tokenizer is not None else 0
+        advantages_B = prepared.advantages_B[prepared.index_B]
+        self._entropy_checked = warn_after_update(stats, advantages_B, cfg, vocab=vocab, checked=self._entropy_checked)
         logger.debug("update %d: %s", self.step, stats)
         return stats
 
@@ -535,20 +521,9 @@ class Session:
         check_eval_args(n, greedy, prefix)
         rows = await eval_rows(prompts, self.config, self.tokenizer, num_prompts, self._held_out)
         assert self.workflow is not None
+        reward = functools.partial(reward_rollout, reward_fn=reward_fn, timeout_s=timeout_s)
         return await evaluate_policy(
-            engine,
-            self.workflow,
-            rows,
-            lambda rollout: reward_rollout(rollout, reward_fn, timeout_s),
-            config=self.config,
-            step=self.step,
-            versions=self.versions,
-            eos_token_ids=self.special_tokens.eos_token_ids,
-            metrics_writer=self.metrics,
-            n=n,
-            greedy=greedy,
-            pass_threshold=pass_threshold,
-            prefix=prefix,
+            self, engine, rows, reward, n=n, greedy=greedy, threshold=pass_threshold, prefix=prefix
         )
 
     # ------------------------------------------------------------------ checkpoints and low-level calls
@@ -559,15 +534,7 @@ class Session:
         from rlsdk.session_checkpoint import write_checkpoint
 
         self._engine()
-        return await write_checkpoint(
-            self.config,
-            self.output_dir,
-            versions=self.versions,
-            tokenizer=self.tokenizer,
-            step=self.step,
-            data_position=self._sampling.data_position(),
-            broadcast=self._broadcast,
-        )
+        return await write_checkpoint(self, self._sampling.data_position(), self._broadcast)
 
     async def call(self, command: str, body: dict[str, Any] | list[dict[str, Any]] | None = None) -> list[Any]:
         """Send a raw command to every rank and gather the results (index = rank). ``noop`` measures latency."""

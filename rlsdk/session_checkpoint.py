@@ -20,21 +20,19 @@ logger = get_logger("rlsdk.session")  # the Session's own messages, under its lo
 
 
 async def write_checkpoint(
-    config: SessionConfig,
-    output_dir: Path,
-    *,
-    versions: VersionLedger,
-    tokenizer: Any,
-    step: int,
-    data_position: tuple[dict[str, Any], int],
-    broadcast: Callable[..., Awaitable[list[Any]]],
+    session: Any, data_position: tuple[dict[str, Any], int], broadcast: Callable[..., Awaitable[list[Any]]]
 ) -> Path:
-    """Write ``output_dir/checkpoints/step_N`` atomically (N = trainer version), then prune to
-    ``train.keep_checkpoints``. ``data_position``: (data position, rollouts sampled) the resume continues from;
+    """Write ``OUTPUT/checkpoints/step_N`` atomically (N = trainer version), then prune to
+    ``train.keep_checkpoints``. ``session``: the Session (its public ``config``, ``output_dir``, ``versions``,
+    ``tokenizer``, ``step``); ``data_position``: (data position, rollouts sampled) the resume continues from;
     ``broadcast``: the Session's command to every rank (the ranks write their shards first)."""
     import yaml
 
     from rlsdk.engine.train.checkpoint import finalize_checkpoint, prune_checkpoints
+
+    config: SessionConfig = session.config
+    versions: VersionLedger = session.versions
+    tokenizer, step, output_dir = session.tokenizer, session.step, session.output_dir
 
     dir_mode, file_mode = output_modes(config.observe.output_mode)
     root = private_dir(output_dir / "checkpoints", mode=dir_mode)

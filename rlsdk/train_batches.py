@@ -25,6 +25,7 @@ class UpdateBatch:
     index_B: torch.Tensor  # the rollout's rows trained on
     advantages_B: torch.Tensor  # over the whole rollout (stale samples included)
     stale: int  # samples dropped as too stale
+    reward_mean: float  # over the whole rollout
 
     def bodies(self, world: int, fields: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Each rank's ``update`` body: its even share of the rows, the shared sizes and the engine's fields."""
@@ -71,7 +72,7 @@ def prepare_update(rollout: Rollout, config: SessionConfig, trainer_version: int
         "num_sequences": index_B.numel(),
         "minibatches": minibatch_normalisers(batch["completion_mask_B_C"], world, config.train.mini_batch_size),
     }
-    return UpdateBatch(batch, shared, index_B, advantages_B, stale)
+    return UpdateBatch(batch, shared, index_B, advantages_B, stale, float(rollout.rewards_B.mean()))
 
 
 def sft_tensors(batch: Any, lr: float | None, *, tokenizer: Any, special_tokens: Any, world: int) -> dict[str, Any]:

@@ -86,16 +86,16 @@ def warn_after_update(
     advantages_B: torch.Tensor,
     config: Any,
     *,
-    step: int,
-    trainer_version: int,
     vocab: int,
-    entropy_checked: bool,
+    checked: bool,
 ) -> bool:
-    """An update's warnings: the entropy bonus once (unless ``entropy_checked``), at the first update with a
-    signal; the trainer/engine disagreement at every update past the threshold; and a note of the stale samples
-    dropped, if any. Returns whether the entropy check is decided now (pass it back as ``entropy_checked``)."""
-    if not entropy_checked:
-        entropy_checked = check_entropy_bonus(
+    """An update's warnings from its ``stats`` (:func:`~rlsdk.observe.update_stats.update_step_metrics`): the
+    entropy bonus once (unless ``checked``), at the first update with a signal; the trainer/engine disagreement
+    at every update past the threshold; and a note of the stale samples dropped, if any. Returns whether the
+    entropy check is decided now (pass it back as ``checked``)."""
+    step, trainer_version = int(stats["step"]), int(stats["version/trainer"])
+    if not checked:
+        checked = check_entropy_bonus(
             config.algorithm.entropy_coef, stats["train/entropy"], advantages_B, vocab=vocab, step=step
         )
     warn_on_disagreement(
@@ -106,4 +106,4 @@ def warn_after_update(
         served_dtype=config.inference.dtype or config.model.dtype,
         trained_dtype="bf16 (float32 master weights)" if config.train.mixed_precision == "bf16" else config.model.dtype,
     )
-    return entropy_checked
+    return checked

@@ -22,26 +22,25 @@ from rlsdk.workflow.rollout import Rollout
 def update_step_metrics(
     rollout: Rollout,
     results: list[dict[str, Any]],
+    prepared: Any,
+    config: Any,
+    versions: VersionLedger,
+    eos_token_ids: Sequence[int],
     *,
     step: int,
-    config: Any,
-    eos_token_ids: Sequence[int],
-    versions: VersionLedger,
-    stale: int,
-    used: int,
     update_s: float,
 ) -> dict[str, float]:
-    """An update's metrics (``config``: the SessionConfig): the rollout's rewards and completions, the ranks'
-    ``train/*`` and ``agreement/*`` (:func:`~rlsdk.observe.rollout_metrics.update_metrics`), timings, throughput
-    and versions."""
+    """An update's metrics (``prepared``: its :class:`~rlsdk.train_batches.UpdateBatch`; ``config``: the
+    SessionConfig): the rollout's rewards and completions, the ranks' ``train/*`` and ``agreement/*``
+    (:func:`~rlsdk.observe.rollout_metrics.update_metrics`), timings, throughput and versions."""
     rollout_s = float(rollout.info.get("seconds", float("nan")))
     ranks = update_metrics(results, world=config.launch.num_ranks)
     return {
         "step": float(step),
         **reward_metrics(rollout),  # mean, std and each combine_rewards() component
         **ranks,
-        "train/dropped_stale": float(stale),
-        "train/used_samples": float(used),
+        "train/dropped_stale": float(prepared.stale),
+        "train/used_samples": float(prepared.index_B.numel()),
         "time/update_s": update_s,
         "time/rollout_s": rollout_s,
         "time/reward_s": float(rollout.info.get("reward_seconds", float("nan"))),
