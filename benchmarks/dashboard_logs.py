@@ -33,14 +33,14 @@ class StandIn:
         from rlsdk.observe.logging import RankLogRouter
         from rlsdk.observe.metrics import MetricsWriter
 
-        self._router = RankLogRouter(out / "logs", console=False, level=logging.INFO)
+        self.log_router = RankLogRouter(out / "logs", console=False, level=logging.INFO)
         self.metrics = MetricsWriter(out / "tb", tensorboard=False)
         self.output_dir = out
-        self._closed = False
+        self.closed = False
 
     def status(self) -> dict[str, Any]:
         ranks = {r: {"pid": None, "heartbeat_age_s": 0.1, "command": "update", "alive": True} for r in range(4)}
-        return {"closed": self._closed, "ranks": ranks, "trainer_version": 1, "engine_version": 1, "in_sync": True,
+        return {"closed": self.closed, "ranks": ranks, "trainer_version": 1, "engine_version": 1, "in_sync": True,
                 "step": 1, "last_batch": None}  # fmt: skip
 
 
@@ -72,7 +72,7 @@ async def flood(records: int, ranks: int, batch: int, interval_s: float) -> dict
         per_rank = records // ranks
         for first in range(0, per_rank, batch):
             for i in range(first, min(first + batch, per_rank)):
-                session._router.handle(
+                session.log_router.handle(
                     {
                         "time": time.time(),
                         "level": "INFO",
@@ -98,7 +98,7 @@ async def flood(records: int, ranks: int, batch: int, interval_s: float) -> dict
     shown_s = time.perf_counter() - start
     stop.set()
     await watcher
-    session._closed = True
+    session.closed = True
     dashboard.close()
     lags_ms = sorted(x * 1000 for x in lags)
     return {

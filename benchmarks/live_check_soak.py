@@ -87,7 +87,7 @@ async def run(config: SessionConfig, steps: int) -> dict[str, Any]:
                 false_reports.append(str(error).splitlines()[0] + "\n" + str(error.report))
                 break
             done += 1
-        stats = dict(session._channel.poll_stats)
+        stats = dict(session._run.channel.poll_stats)
     return {"steps": done, "seconds": time.perf_counter() - t0, "poll_stats": stats, "false_reports": false_reports}
 
 

@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rlsdk.config import SessionConfig
+from rlsdk.observe.logging import get_logger
+
+logger = get_logger("rlsdk.session")  # the evaluation's summary line, under the Session's logger name as before
 
 # A seed stream of its own: the evaluation prompts and sampling never reuse the training seeds' values.
 _EVAL_SEED_OFFSET = 0x5EED_E7A1
@@ -157,4 +161,78 @@ def eval_metrics(
     }
     if prefix != "eval":
         metrics = {prefix + key[len("eval") :]: value for key, value in metrics.items()}
+    return metrics
+
+
+async def eval_rows(
+    prompts: Any, config: SessionConfig, tokenizer: Any, num_prompts: int | None, cache: dict[int | None, Any]
+) -> list[dict[str, Any]]:
+    """The rows an evaluation scores: ``prompts`` normalized, or (``None``) the held-out rows, drawn once per
+    ``num_prompts`` and kept in ``cache`` so every evaluation of a session scores the same rows. Raises
+    ``ValueError`` for no prompts."""
+    import asyncio
+
+    from rlsdk.workflow.rollout import normalize_rows
+
+    if prompts is None:
+        rows = cache.get(num_prompts)
+        if rows is None:  # the same held-out rows at every evaluation of this session
+            rows = await asyncio.to_thread(held_out_prompts, config, tokenizer, num_prompts)
+            cache[num_prompts] = rows
+    else:
+        rows = normalize_rows(prompts)
+    if not rows:
+        raise ValueError("evaluate needs at least one prompt; got an empty prompt list")
+    return rows
+
+
+async def evaluate_policy(
+    session: Any,
+    engine: Any,
+    rows: list[dict[str, Any]],
+    reward: Callable[[Any], Awaitable[Any]],
+    *,
+    n: int,
+    greedy: bool,
+    threshold: float,
+    prefix: str,
+) -> dict[str, float]:
+    """Sample ``n`` completions per row from ``engine`` with the session's workflow (greedy or sampled, see
+    :func:`eval_workflow`), score them with ``reward`` (a rollout -> rewarded rollout call), and log and return
+    :func:`eval_metrics` (``threshold``: its ``pass_threshold``) to the session's metrics at its step, with sample
+    completions under ``PREFIX/samples``. ``session``: the Session (its public ``workflow``, ``config``, ``step``,
+    ``versions``, ``special_tokens`` and ``metrics``)."""
+    import time
+
+    from rlsdk.observe.rollout_metrics import samples_markdown
+
+    config, step, versions, metrics_writer = session.config, session.step, session.versions, session.metrics
+    eos_token_ids = session.special_tokens.eos_token_ids
+    workflow = eval_workflow(session.workflow, greedy=greedy)
+    start = time.perf_counter()
+    rollout = await workflow.arun_batch(engine, rows, n, seed=eval_seed(config, step))
+    rollout = await reward(rollout)
+    metrics = eval_metrics(
+        rollout,
+        n=n,
+        pass_threshold=threshold,
+        max_new_tokens=getattr(getattr(workflow, "params", None), "max_new_tokens", 0) or 1 << 30,
+        eos_token_ids=eos_token_ids,
+        engine_version=versions.engine_version,
+        seconds=time.perf_counter() - start,
+        prefix=prefix,
+    )
+    if metrics_writer is not None:
+        metrics_writer.log(step, metrics)
+        metrics_writer.log_text(step, f"{prefix}/samples", samples_markdown(rollout))
+    logger.info(
+        "evaluation at step %d (engine v%d, %d prompts x %d, %s): reward %.3f, pass@1 %.3f",
+        step,
+        int(metrics[f"{prefix}/engine_version"]),
+        len(rows),
+        n,
+        "greedy" if greedy else "sampled",
+        metrics[f"{prefix}/reward_mean"],
+        metrics[f"{prefix}/pass@1"],
+    )
     return metrics

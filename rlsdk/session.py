@@ -13,69 +13,41 @@ The same calls work from Jupyter (top-level ``await``) and from a script (``asyn
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
+import functools
 import logging
 import time
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rlsdk import session_parts as parts
 from rlsdk.config import SessionConfig, config_to_dict
-from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams, SessionEngine, WeightInfo
+from rlsdk.engine.inference.protocol import InferenceEngine, SessionEngine, WeightInfo
 from rlsdk.observe.logging import RankLogRouter, capture_records, get_logger, set_log_context
 from rlsdk.observe.metrics import MetricsWriter
-from rlsdk.observe.rollout_metrics import (
-    completion_metrics,
-    current_rows_B_C,
-    reward_metrics,
-    samples_markdown,
-    throughput_metrics,
-)
-from rlsdk.observe.status import last_batch_staleness
-from rlsdk.preflight import check_before_start, check_special_tokens
+from rlsdk.observe.rollout_metrics import samples_markdown
+from rlsdk.observe.update_stats import sync_metrics
+from rlsdk.preflight import check_before_start
 from rlsdk.preflight import check_data as check_data  # re-exported: imported from here before rlsdk.preflight
 from rlsdk.preflight import check_model_dir as check_model_dir
 from rlsdk.preflight import check_model_files as check_model_files
 from rlsdk.preflight import load_resume_state as load_resume_state
-from rlsdk.rewards.apply import RewardFn, compute_reward_breakdown
-from rlsdk.runtime_dir import output_modes, private_dir, restrict_tree
-from rlsdk.supervisor import RunSupervisor
+from rlsdk.rewards.apply import RewardFn
+from rlsdk.session_checkpoint import restore_controller_state
+from rlsdk.session_engine import EngineSlot
+from rlsdk.supervisor import RunSupervisor, TrainerRanks
 from rlsdk.supervisor import rank_startup_seconds as rank_startup_seconds  # re-exported: it lived here
-from rlsdk.tasks import cancel_quietly
-from rlsdk.versioning import VersionError, VersionLedger, staleness_mask
+from rlsdk.versioning import VersionError, VersionLedger
+from rlsdk.workflow.driver import RolloutDriver, reward_rollout
 from rlsdk.workflow.rollout import Rollout, normalize_rows
-from rlsdk.workflow.single_turn import RolloutWorkflow, SingleTurnWorkflow
+from rlsdk.workflow.single_turn import RolloutWorkflow
 
 logger = get_logger("rlsdk.session")
 
 
 class SessionClosedError(RuntimeError):
     """The Session was closed (or failed to start); start a new one."""
-
-
-class _Ranks:
-    """The Session's train ranks as an engine sees them (:class:`~rlsdk.engine.inference.protocol.TrainerHandle`)."""
-
-    def __init__(self, session: Session) -> None:
-        self._session = session
-
-    @property
-    def commands_sent(self) -> int:
-        return self._session._broadcasts
-
-    async def broadcast(
-        self, command: str, body: dict[str, Any] | list[dict[str, Any]] | None = None, *, timeout_s: float | None
-    ) -> list[Any]:
-        return await self._session._broadcast(command, body, timeout_s=timeout_s)
-
-    async def export_weights(self) -> dict[str, Any]:
-        session = self._session
-        body = {"publish_dir": session._publish_dir, "src": 0}
-        results = await session._broadcast("export_weights", body, timeout_s=session.config.launch.command_timeout_s)
-        return dict(results[0])
 
 
 class Session:
@@ -90,7 +62,6 @@ class Session:
         self.versions = VersionLedger()
         self.step = 0
         self.rank_info: dict[int, dict[str, Any]] = {}
-        self.engine: SessionEngine | None = None
         self.tokenizer: Any = None
         self.workflow: RolloutWorkflow | None = None
         self._default_workflow: RolloutWorkflow | None = None  # the one start() made; restart() keeps any other
@@ -102,17 +73,9 @@ class Session:
         # The model's pad and EOS ids (rlsdk.engine.inference.stopping), resolved by start() before any process
         # starts: the engines, the default workflow and the rollout joining (dynamic sampling) all use these.
         self.special_tokens: Any = None
-        self._prefetch: asyncio.Task[Rollout] | None = None  # rollout.mode='async': the batch being generated
-        self._prefetch_state: tuple[dict[str, Any], int] | None = None  # (data position, rollouts) before it
-        # inference.lookahead: (the next batch's rows, the data position before them), drawn by update() for the
-        # ranks to sample right after it; the next default rollout() or next_prompts() takes these rows.
-        self._lookahead: tuple[list[dict[str, Any]], dict[str, Any]] | None = None
-        self._engine_watch: asyncio.Task[None] | None = None
-        # Restores the event-loop thread's torch intra-op thread count (lowered to 1 while the Session runs).
-        self._restore_threads: Callable[[], None] | None = None
-        self._engine_threads: int | None = None  # the embedded engine's default inference.num_threads
-        self._engine_failure: BaseException | None = None
-        self._rollouts = 0  # rollouts sampled so far; each one's seed derives from it (see rollout())
+        # The rollout half: prompts drawn, seeds, the batch generating in the background (rlsdk.workflow.driver).
+        self._sampling = RolloutDriver(self)
+        self._engines = self._new_engines()  # the engine, watched for an unexpected exit (rlsdk.session_engine)
         self._resume: tuple[Path, dict[str, Any]] | None = None  # (checkpoint, controller state), see start()
         self.resumed_from: Path | None = None  # the checkpoint this session continued from
         self._closed = False
@@ -120,7 +83,7 @@ class Session:
         self.last_trace: Any = None  # the latest TraceReport (watchdog or trace()); the dashboard's tracer view
         self.last_trace_time: float | None = None  # time.time() of last_trace
         self._early_records: list[logging.LogRecord] = []  # see start(): shown once logging is set up
-        self._entropy_checked = False  # see _check_entropy_bonus
+        self._entropy_checked = False  # see rlsdk.observe.update_checks.warn_after_update
         self._held_out: dict[int | None, list[dict[str, Any]]] = {}  # evaluate(None, ...)'s rows by num_prompts
         # Seconds each part of start() and close() took (see rank_startup_seconds): the start bar's phases, the
         # ranks' own start-up, the overlapped engine load; benchmarks/session_overhead.py reports them.
@@ -132,43 +95,27 @@ class Session:
             self.config, self.output_dir, on_failure=self._after_run_failed, on_trace=self._record_trace
         )
 
-    # The run's process half, under the names the Session's own code, tests and the dashboard used before it
-    # moved to rlsdk.supervisor.
-    @property
-    def _channel(self) -> Any:
-        return self._run.channel
+    def _new_engines(self) -> EngineSlot:
+        return EngineSlot(self._build_engine, closing=lambda: self._run.closing)
 
     @property
-    def _launcher(self) -> Any:
-        return self._run.launcher
+    def engine(self) -> SessionEngine | None:
+        """The inference engine the rollouts sample from (``None`` before start)."""
+        return self._engines.engine
 
-    @_launcher.setter
-    def _launcher(self, launcher: Any) -> None:
-        self._run.launcher = launcher
+    @engine.setter
+    def engine(self, engine: SessionEngine | None) -> None:
+        self._engines.engine = engine
 
     @property
-    def _router(self) -> RankLogRouter | None:
+    def log_router(self) -> RankLogRouter | None:
+        """The run's log router (rank, server and controller records; ``add_listener`` for a live view)."""
         return self._run.router
 
     @property
-    def _publish_dir(self) -> str | None:
-        return self._run.publish_dir
-
-    @property
-    def _runtime_dir(self) -> Any:
-        return self._run.runtime_dir
-
-    @property
-    def _broadcasts(self) -> int:
-        return self._run.broadcasts
-
-    @property
-    def _failure(self) -> BaseException | None:
-        return self._run.failure
-
-    @property
-    def _closing(self) -> bool:
-        return self._run.closing
+    def closed(self) -> bool:
+        """Whether :meth:`close` finished (after it, every call raises ``SessionClosedError``)."""
+        return self._closed
 
     # ------------------------------------------------------------------ start / close
     @classmethod
@@ -231,17 +178,18 @@ class Session:
         workflow = self.workflow if self.workflow is not self._default_workflow else None
         logger.warning(
             "restarting the session: stopping every process of the run%s",
-            "" if self._failure is None else f" after: {str(self._failure).splitlines()[0]}",
+            "" if self._run.failure is None else f" after: {str(self._run.failure).splitlines()[0]}",
         )
-        listeners = list(self._router._listeners) if self._router is not None else []  # e.g. a dashboard's
+        listeners = self.log_router.listeners() if self.log_router is not None else []  # e.g. a dashboard's
         await self.close()
         fresh = type(self)(config)
         self.__dict__.update(fresh.__dict__)  # keep this object (and whoever holds it), with a new start's state
         self._run = self._new_run()  # its hooks call this object, not `fresh`
+        self._engines, self._sampling = self._new_engines(), RolloutDriver(self)  # as do these
         self._early_records = early
         await self._start_checked(checked, progress=progress, desc="Session.restart")
         for listener in listeners:
-            self._router.add_listener(listener)
+            self.log_router.add_listener(listener)
         if workflow is not None:
             self.workflow = workflow
         return self.resumed_from
@@ -249,30 +197,22 @@ class Session:
     async def _start(self) -> None:
         cfg = self.config
         t0 = time.perf_counter()
-        self._run.open_logs(self._early_records)  # the records the pre-start checks logged come first
-        self._early_records = []
-        env = await self._run.open_channel()
-        self._phase("launching ranks")
-        self.start_seconds["setup"] = time.perf_counter() - t0
-        launched = time.time()
-        await self._run.launch(env)
-
+        init: dict[str, Any] = {"config": config_to_dict(cfg)}
+        if self._resume is not None:
+            init["resume_from"] = str(self._resume[0])
+        early, self._early_records = self._early_records, []
         # The engine loads while the ranks import torch and form their process group.
-        engine_task = asyncio.get_running_loop().create_task(self._start_engine())
-        try:
-            self._phase("loading engine, ranks connecting")
-            init: dict[str, Any] = {"config": config_to_dict(cfg)}
-            if self._resume is not None:
-                init["resume_from"] = str(self._resume[0])
-            results = await self._run.init_ranks(init, on_connected=lambda: self._phase("initialising ranks"))
-            self.rank_info = self._run.rank_info
-            self.start_seconds.update(rank_startup_seconds(launched, [r.pop("startup", None) for r in results]))
-        finally:
-            await engine_task
+        results = await self._run.start_ranks(
+            early, init, alongside=self._start_engine, phase=self._phase, seconds=self.start_seconds
+        )
+        self.rank_info = self._run.rank_info
         trainer = results[0]
         self._phase("verifying weights")
         if self._resume is not None:
-            self._restore(self._resume[0], self._resume[1], trainer)
+            directory, state = self._resume
+            restored = restore_controller_state(directory, state, trainer, self.prompt_sampler)
+            self.versions, self.step, self._sampling.rollouts = restored
+            self.resumed_from = directory
         self.versions.trainer_checksum = trainer["checksum"]
         # The engine checks what it loaded against the trainer's v0 where it can, else the trainer's weights are
         # published and verified like every later sync (a resumed trainer is at the checkpoint's version).
@@ -292,112 +232,26 @@ class Session:
             ", ".join(f"{k} {v:.2f} s" for k, v in self.start_seconds.items() if k != "total"),
         )
 
-    def _restore(self, directory: Path, state: dict[str, Any], trainer: dict[str, Any]) -> None:
-        """The controller's half of a resume: version ledger, data position, step and rollout counters."""
-        ledger = VersionLedger.from_state_dict(state["ledger"])
-        if trainer["version"] != ledger.trainer_version:
-            raise VersionError(
-                f"checkpoint {directory}: the ranks resumed at v{trainer['version']}, "
-                f"its ledger.json records trainer v{ledger.trainer_version}"
-            )
-        self.versions = ledger
-        self.prompt_sampler.load_state_dict(state["data"])
-        counters = state["session"]
-        if counters is None:
-            # Checkpoints written before session.json: one rollout per step, as in the recipes' loop.
-            logger.warning(
-                "checkpoint %s has no session.json: assuming one rollout per step, so sampling seeds continue "
-                "from %d (exact only for one rollout per update)",
-                directory,
-                ledger.trainer_version,
-            )
-            counters = {"step": ledger.trainer_version, "rollouts": ledger.trainer_version}
-        self.step = int(counters["step"])
-        self._rollouts = int(counters["rollouts"])
-        self.resumed_from = directory
-        set_log_context(version=ledger.trainer_version)
-        logger.info(
-            "resuming from %s: trainer v%d, step %d, %d rollouts sampled",
-            directory,
-            ledger.trainer_version,
-            self.step,
-            self._rollouts,
-        )
-
     async def _start_engine(self) -> None:
-        began = time.perf_counter()
+        cfg, began = self.config, time.perf_counter()
         try:
-            await self._start_engine_parts()
+            self.tokenizer, self.special_tokens = await parts.load_tokenizer(cfg, self.tokenizer, self.special_tokens)
+            await self._engines.attach()
+            self._engines.pin_threads()  # restored by close()
+            self.workflow = self._default_workflow = parts.default_workflow(cfg, self.tokenizer, self.special_tokens)
+            self.prompt_sampler = await parts.prompt_sampler(cfg, self._dataset, self.tokenizer)
+            self.metrics = parts.metrics_writer(cfg, self.output_dir)
         finally:
             self.start_seconds["engine_load (overlapped)"] = time.perf_counter() - began
 
-    async def _start_engine_parts(self) -> None:
-        from transformers import AutoTokenizer
-
-        from rlsdk.data import PromptSampler
-        from rlsdk.data.prepare import build_prompt_dataset
-
-        cfg = self.config
-        if self.tokenizer is None:
-            self.tokenizer = await asyncio.to_thread(
-                AutoTokenizer.from_pretrained, cfg.model.path, trust_remote_code=cfg.model.trust_remote_code
-            )
-        if self.special_tokens is None:
-            self.special_tokens = await asyncio.to_thread(check_special_tokens, cfg, self.tokenizer)
-        self.engine = await self._build_engine()
-        self._engine_watch = asyncio.get_running_loop().create_task(self._watch_engine(self.engine))
-        if self._restore_threads is None:
-            import torch
-
-            from rlsdk.engine.inference.embedded import single_thread_caller
-
-            self._engine_threads = torch.get_num_threads()  # an engine built later (restart) keeps this default
-            # This thread's tensor ops stay single-threaded while the Session runs, so no OpenMP worker of this
-            # process spins on a core the ranks, the server or the engine's thread need (why:
-            # single_thread_caller). Restored by close().
-            self._restore_threads = single_thread_caller()
-        params = SamplingParams(
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p,
-            top_k=cfg.rollout.top_k,
-            stop=cfg.rollout.stop,
-        )
-        self.workflow = self._default_workflow = SingleTurnWorkflow(
-            self.tokenizer, params, eos_token_ids=self.special_tokens.eos_token_ids
-        )
-        dataset = self._dataset
-        if dataset is None:
-            dataset = await asyncio.to_thread(build_prompt_dataset, cfg.data, seed=cfg.seed, tokenizer=self.tokenizer)
-        self.prompt_sampler = PromptSampler(dataset, cfg.data.prompts_per_step, seed=cfg.seed)
-        dir_mode, file_mode = output_modes(cfg.observe.output_mode)
-        self.metrics = MetricsWriter(
-            self.output_dir / "tensorboard", tensorboard=cfg.observe.tensorboard, dir_mode=dir_mode, file_mode=file_mode
-        )
-
     async def _build_engine(self) -> SessionEngine:
         """The configured engine (see :func:`rlsdk.engine.inference.build_engine`)."""
-        from rlsdk.engine.inference import EngineContext, build_engine
+        from rlsdk.engine.inference import build_engine
 
-        context = EngineContext(
-            config=self.config,
-            special_tokens=self.special_tokens,
-            trainer=_Ranks(self),
-            launcher=self._launcher,
-            runtime_dir=None if self._run.runtime_dir is None else self._run.runtime_dir.path,
-            publish_dir=self._publish_dir,
-            on_line=self._inference_line,
-            num_threads=self._engine_threads,
+        context = self._run.engine_context(
+            self.special_tokens, lambda: self.versions.engine_version, self._engines.num_threads
         )
         return await build_engine(context)
-
-    async def _watch_engine(self, engine: SessionEngine) -> None:
-        """Turn an unexpected exit of the engine (its server) into an error for every later call (until restart)."""
-        error = await engine.wait_failure()
-        if self._closing or self.engine is not engine:
-            return
-        self._engine_failure = error
-        logger.error("%s", self._engine_failure)
 
     async def restart_engine(self) -> WeightInfo:
         """Stop the inference engine (a dead vLLM server included), start a new one and sync the trainer's
@@ -408,32 +262,13 @@ class Session:
         """
         if self._closed:
             raise SessionClosedError("the session is closed; start a new one with Session.start(config)")
-        old, self.engine = self.engine, None
-        await cancel_quietly(self._engine_watch)
-        self._engine_watch = None
-        if old is not None:
-            with contextlib.suppress(Exception):
-                await old.close()
-        self._engine_failure = None
-        logger.info("restarting the inference engine%s", "" if old is None else f" ({type(old).__name__})")
-        self.engine = await self._build_engine()
-        self._engine_watch = asyncio.get_running_loop().create_task(self._watch_engine(self.engine))
+        await self._engines.replace()
         return await self.sync_weights()
-
-    def _inference_line(self, line: str) -> None:
-        level = next((name for name in ("ERROR", "WARNING", "CRITICAL") if f" {name} " in line), "INFO")
-        self._run.route_child_line(
-            line, role="inference", component="vllm", level=level, version=self.versions.engine_version
-        )
 
     async def _after_run_failed(self) -> None:
         """After a fatal fault stopped the ranks (RunSupervisor.fail): stop what runs on top of them."""
-        await self._stop_prefetch()
-        await cancel_quietly(self._engine_watch)
-        self._engine_watch = None
-        if self.engine is not None:
-            with contextlib.suppress(Exception):
-                await self.engine.close()
+        await self._sampling.stop_prefetch()
+        await self._engines.stop()
 
     async def _broadcast(
         self, command: str, body: dict[str, Any] | list[dict[str, Any]] | None = None, *, timeout_s: float | None
@@ -442,50 +277,43 @@ class Session:
         return await self._run.broadcast(command, body, timeout_s=timeout_s)
 
     def _engine(self) -> InferenceEngine:
-        if self._failure is not None and not self._closed:
+        if self._run.failure is not None and not self._closed:
             raise SessionClosedError(
-                f"the session's ranks failed: {self._failure}\n`await session.restart()` starts new processes and "
+                f"the session's ranks failed: {self._run.failure}\n`await session.restart()` starts new processes and "
                 "resumes from the last checkpoint (or `restart(resume_from=None)` from the start)."
             )
         if self._closed or self.engine is None:
             raise SessionClosedError("the session is closed; start a new one with Session.start(config)")
-        if self._engine_failure is not None:
-            raise self._engine_failure
+        if self._engines.failure is not None:
+            raise self._engines.failure
         return self.engine
 
     async def close(self) -> None:
         """Stop the ranks and the engine, flush metrics and logs. Idempotent; nothing of the run stays alive."""
         if self._closed:
             return
+        from rlsdk.observe.progress import Laps
+
         self._run.closing = True
-        began = mark = time.perf_counter()
-
-        def lap(name: str) -> None:
-            nonlocal mark
-            now = time.perf_counter()
-            self.close_seconds[name] = now - mark
-            mark = now
-
-        await self._stop_prefetch()
+        lap = Laps(self.close_seconds)
+        await self._sampling.stop_prefetch()
         lap("prefetch")
         await self._run.stop_ranks()
         lap("ranks_exit")
         await self._run.close_channel()
-        await cancel_quietly(self._engine_watch)
+        await self._engines.unwatch()
         lap("channel")
         if self.engine is not None:
             await self.engine.close()
         lap("engine")
-        if self._restore_threads is not None:
-            self._restore_threads()
-            self._restore_threads = None
+        self._engines.restore_threads()
         if self.metrics is not None:
             self.metrics.close()
         self._run.remove_dirs()
         logger.info("session closed")
         self._run.close_logs()
         lap("metrics_logs")
-        self.close_seconds["total"] = time.perf_counter() - began
+        lap.total()
         self._closed = True
 
     async def __aenter__(self) -> Session:
@@ -498,10 +326,7 @@ class Session:
     def next_prompts(self) -> list[dict[str, Any]]:
         """The next ``data.prompts_per_step`` rows of the session's data set (seeded, epoch-shuffled)."""
         self._engine()
-        if self._lookahead is not None:  # drawn already, for the look-ahead (inference.lookahead)
-            rows, self._lookahead = self._lookahead[0], None
-            return rows
-        return normalize_rows(self.prompt_sampler.next_batch())
+        return self._sampling.next_prompts()
 
     async def rollout(
         self, prompts: Sequence[Any] | dict[str, list[Any]] | None = None, *, progress: bool | None = None
@@ -519,80 +344,9 @@ class Session:
         are always generated then and there.
         """
         engine = self._engine()
-        if self.config.rollout.mode == "async" and prompts is None:
-            if self._prefetch is None:
-                self._start_prefetch(engine, progress=progress)
-            assert self._prefetch is not None
-            task, self._prefetch, self._prefetch_state = self._prefetch, None, None
-            rollout = await task
-            self._start_prefetch(engine, progress=False)
-            return rollout
-        rows = self.next_prompts() if prompts is None else normalize_rows(prompts)
-        return await self._generate(engine, rows, progress=progress)
-
-    def _start_prefetch(self, engine: InferenceEngine, *, progress: bool | None) -> None:
-        """Start generating the next batch in the background (async mode). Remembers the data position and the
-        rollout counter from before it, which a checkpoint records (the batch is regenerated on resume)."""
-        self._prefetch_state = (self.prompt_sampler.state_dict(), self._rollouts)
-        rows = self.next_prompts()
-        self._prefetch = asyncio.get_running_loop().create_task(self._generate(engine, rows, progress=progress))
-
-    async def _stop_prefetch(self) -> None:
-        task, self._prefetch = self._prefetch, None
-        await cancel_quietly(task)
-
-    async def _generate(self, engine: InferenceEngine, rows: list[dict[str, Any]], *, progress: bool | None) -> Rollout:
-        from rlsdk.observe.progress import CallProgress
-
-        if not rows:
-            raise ValueError("rollout needs at least one prompt; got an empty prompt list")
-        assert self.workflow is not None
-        start = time.perf_counter()
-        seed = self._rollout_seed()
-        self._rollouts += 1
-        group_size = self.config.rollout.group_size
-        trainer_version = self.versions.trainer_version
-        with CallProgress(
-            "rollout",
-            total=len(rows) * group_size,
-            unit="sample",
-            postfix=lambda: f"engine v{self.versions.engine_version}",
-            enabled=progress,
-        ):
-            rollout = await self.workflow.arun_batch(engine, rows, group_size, seed=seed)
-        rollout.info["seconds"] = time.perf_counter() - start
-        rollout.info["trainer_version"] = trainer_version
-        return rollout
-
-    def _rollout_seed(self) -> int:
-        """The next rollout's seed: one per rollout, derived from the session seed, so the same config replays
-        the same samples."""
-        return (self.config.seed * 1_000_003 + self._rollouts) % (1 << 62)
-
-    def _next_request(self) -> tuple[list[list[int]], SamplingParams] | None:
-        """The prompts and params the next default ``rollout()`` will ask the engine for (the data set's next rows,
-        drawn now and kept for it, and the next seed), for an engine that samples them right after an update
-        (the colocated engine's ``inference.lookahead``); ``None`` when they are not known yet (async mode, a
-        custom workflow, no data left)."""
-        if self.config.rollout.mode != "sequential" or type(self.workflow) is not SingleTurnWorkflow:
-            return None
-        if self._lookahead is None:
-            before = self.prompt_sampler.state_dict()
-            try:
-                rows = normalize_rows(self.prompt_sampler.next_batch())
-            except Exception:  # the next rollout() raises it where the user asked for the rows
-                logger.debug("no look-ahead: drawing the next rows failed", exc_info=True)
-                self.prompt_sampler.load_state_dict(before)
-                return None
-            self._lookahead = (rows, before)
-        try:
-            _, repeated, params = self.workflow.request(
-                self._lookahead[0], self.config.rollout.group_size, seed=self._rollout_seed()
-            )
-        except Exception:  # e.g. an empty prompt: the rollout() that takes these rows raises it
-            logger.debug("no look-ahead: the next batch's request is invalid", exc_info=True)
-            return None
-        return repeated, params
+        if prompts is None:
+            return await self._sampling.next_batch(engine, progress=progress)
+        return await self._sampling.generate(engine, normalize_rows(prompts), progress=progress)
 
     async def reward(self, rollout: Rollout, reward_fn: RewardFn, *, timeout_s: float | None = None) -> Rollout:
         """Score ``rollout`` with ``reward_fn`` (sync or async, batched); returns a new Rollout with rewards.
@@ -604,46 +358,10 @@ class Session:
         values or a non-finite value; the input rollout is left untouched.
         """
         engine = self._engine()
-        rewarded = await self._reward(rollout, reward_fn, timeout_s)
+        rewarded = await reward_rollout(rollout, reward_fn, timeout_s)
         if not self.config.rollout.dynamic_sampling:
             return rewarded
-        return await self._fill_informative(engine, rewarded, reward_fn, timeout_s)
-
-    async def _reward(self, rollout: Rollout, reward_fn: RewardFn, timeout_s: float | None) -> Rollout:
-        start = time.perf_counter()
-        rewards_B, components = await compute_reward_breakdown(rollout, reward_fn, timeout_s=timeout_s)
-        info = {**rollout.info, "reward_seconds": time.perf_counter() - start}
-        if components:
-            info["reward_components"] = components
-        return dataclasses.replace(rollout, rewards_B=rewards_B, info=info)
-
-    async def _fill_informative(
-        self, engine: InferenceEngine, rewarded: Rollout, reward_fn: RewardFn, timeout_s: float | None
-    ) -> Rollout:
-        """DAPO's dynamic sampling (``rollout.dynamic_sampling``): keep the groups whose rewards differ, and
-        generate and reward groups of new prompts (the next data-set rows; the rest of each refill batch is
-        skipped) until the batch is full again or ``rollout.max_sampling_rounds`` rounds ran."""
-        from rlsdk.workflow.dynamic_sampling import fill_informative_groups
-
-        first: list[Rollout] = [rewarded]
-
-        async def sample(groups: int) -> Rollout:
-            if first:
-                return first.pop()
-            rows = self.next_prompts()[:groups]
-            return await self._reward(await self._generate(engine, rows, progress=False), reward_fn, timeout_s)
-
-        rollout, stats = await fill_informative_groups(
-            sample,
-            len(rewarded.rows),
-            max_rounds=self.config.rollout.max_sampling_rounds,
-            pad_token_id=self.special_tokens.pad_token_id,
-        )
-        parts = rollout.info.get("parts") or [rewarded.info]
-        rollout.info["seconds"] = sum(float(part.get("seconds", 0.0)) for part in parts)
-        rollout.info["trainer_version"] = rewarded.info.get("trainer_version")
-        rollout.info["dynamic_sampling"] = stats
-        return rollout
+        return await self._sampling.fill_informative(engine, rewarded, reward_fn, timeout_s)
 
     async def update(self, rollout: Rollout, *, progress: bool | None = None) -> dict[str, float]:
         """Train on ``rollout`` (``train.ppo_epochs`` x mini-batches optimizer steps on every rank); the trainer
@@ -654,133 +372,41 @@ class Session:
         ``progress``: a bar over the ranks' micro-batches (from their heartbeats) with the batch's reward and the
         versions, once the call outlasts a second (``None``: in Jupyter only).
         """
-        from rlsdk.algorithms import compute_advantages
-        from rlsdk.algorithms.batching import shard_rows, trainable_indices, update_tensors
-        from rlsdk.engine.train.schedule import minibatch_normalisers
         from rlsdk.observe.progress import CallProgress
+        from rlsdk.observe.update_checks import warn_after_update
+        from rlsdk.observe.update_stats import update_step_metrics
+        from rlsdk.train_batches import prepare_update
 
         engine = self._engine()
         cfg = self.config
         engine.before_train()
-        if rollout.rewards_B is None:
-            raise ValueError("rollout has no rewards: call `rollout = await session.reward(rollout, fn)` first")
         start = time.perf_counter()
         world = cfg.launch.num_ranks
-        keep_B = staleness_mask(
-            rollout.behaviour_versions_B,
-            self.versions.trainer_version,
-            cfg.rollout.max_staleness,
-            cfg.rollout.stale_policy,
-        )
-        # Over the whole rollout, stale samples included: the group and batch statistics see every sample.
-        # (DAPO's dynamic sampling already ran in reward(), see rollout.dynamic_sampling.)
-        advantages_B = compute_advantages(
-            rollout.rewards_B,
-            rollout.group_size,
-            cfg.algorithm.resolved().advantage or "grpo",
-            scale_by_std=cfg.algorithm.scale_rewards,
-            eps=cfg.algorithm.adv_eps,
-        )
-        index_B, stale = trainable_indices(keep_B, world)
-        if index_B.numel() == 0:
-            raise VersionError(
-                f"no sample left to train on: {stale} stale samples dropped and {world} ranks need at least one "
-                f"sample each (trainer v{self.versions.trainer_version}, max_staleness {cfg.rollout.max_staleness})"
-            )
-        self.versions.dropped_stale_samples += stale
-        batch = update_tensors(rollout, advantages_B, index_B)
-        # Trainer and engine are compared only on rows the trainer's own weights sampled wholly (agreement/*).
-        batch["agreement_mask_B_C"] = current_rows_B_C(rollout, self.versions.trainer_version)[index_B]
-        shared = {
-            "num_tokens": int(batch["completion_mask_B_C"].sum()),
-            "num_sequences": index_B.numel(),
-            "minibatches": minibatch_normalisers(batch["completion_mask_B_C"], world, cfg.train.mini_batch_size),
-        }
-        fields = engine.train_fields(world, self._next_request)
-        bodies = [{"shard": shard, **shared, **fields[r]} for r, shard in enumerate(shard_rows(batch, world))]
-        trainer_version = self.versions.trainer_version
-        reward_mean = float(rollout.rewards_B.mean())
+        prepared = prepare_update(rollout, cfg, self.versions.trainer_version)
+        self.versions.dropped_stale_samples += prepared.stale
+        bodies = prepared.bodies(world, engine.train_fields(world, self._sampling.next_request))
+        trainer_version, reward_mean = self.versions.trainer_version, prepared.reward_mean
         with CallProgress(
             "update",
             unit="micro-batch",
-            poll=self._update_progress,
+            poll=lambda: self._run.command_progress("update"),  # summed over the ranks' heartbeats
             postfix=lambda: f"reward {reward_mean:.3f}, trainer v{trainer_version} -> v{trainer_version + 1}",
             enabled=progress,
         ):
             results = await self._broadcast("update", bodies, timeout_s=cfg.launch.command_timeout_s)
         self._record_trainer_version("update", results, engine)
-        stats = self._update_stats(rollout, results, stale=stale, used=index_B.numel(), began=start)
+        update_s, eos = time.perf_counter() - start, self.special_tokens.eos_token_ids
+        stats = update_step_metrics(
+            rollout, results, prepared, cfg, self.versions, eos, step=self.step, update_s=update_s
+        )
         if self.metrics is not None:
             self.metrics.log(self.step, stats)
             self.metrics.log_text(self.step, "samples", samples_markdown(rollout))
-        self._warn_after_update(stats, rollout, advantages_B[index_B])
-        if stale:
-            logger.info(
-                "update %d: used %d samples, dropped %d stale (trainer v%d, max_staleness %d)",
-                self.step,
-                index_B.numel(),
-                stale,
-                self.versions.trainer_version - 1,
-                cfg.rollout.max_staleness,
-            )
+        vocab = len(self.tokenizer) if self.tokenizer is not None else 0
+        advantages_B = prepared.advantages_B[prepared.index_B]
+        self._entropy_checked = warn_after_update(stats, advantages_B, cfg, vocab=vocab, checked=self._entropy_checked)
         logger.debug("update %d: %s", self.step, stats)
         return stats
-
-    def _update_stats(
-        self, rollout: Rollout, results: list[dict[str, Any]], *, stale: int, used: int, began: float
-    ) -> dict[str, float]:
-        """An update's metrics: the rollout's rewards and completions, the ranks' ``train/*`` and ``agreement/*``
-        (:func:`~rlsdk.observe.rollout_metrics.update_metrics`), timings, throughput and versions."""
-        from rlsdk.observe.rollout_metrics import update_metrics
-
-        update_s = time.perf_counter() - began
-        rollout_s = float(rollout.info.get("seconds", float("nan")))
-        ranks = update_metrics(results, world=self.config.launch.num_ranks)
-        return {
-            "step": float(self.step),
-            **reward_metrics(rollout),  # mean, std and each combine_rewards() component
-            **ranks,
-            "train/dropped_stale": float(stale),
-            "train/used_samples": float(used),
-            "time/update_s": update_s,
-            "time/rollout_s": rollout_s,
-            "time/reward_s": float(rollout.info.get("reward_seconds", float("nan"))),
-            **completion_metrics(
-                rollout,
-                max_new_tokens=self.config.rollout.max_new_tokens,
-                eos_token_ids=self.special_tokens.eos_token_ids,
-            ),
-            **throughput_metrics(
-                rollout_tokens=float(rollout.completion_mask_B_C.sum()),
-                rollout_s=rollout_s,
-                update_tokens=ranks["train/tokens"],
-                update_s=update_s,
-            ),
-            "version/trainer": float(self.versions.trainer_version),
-            "version/engine": float(self.versions.engine_version),
-            "version/behaviour_min": float(rollout.behaviour_versions_B.min()),
-            **{k: float(v) for k, v in rollout.info.get("dynamic_sampling", {}).items()},
-        }
-
-    def _warn_after_update(self, stats: dict[str, float], rollout: Rollout, advantages_B: Any) -> None:
-        """The update's warnings (see :mod:`rlsdk.observe.update_checks`): the entropy bonus once, at the first
-        update with a signal; the trainer/engine disagreement at every update past the threshold."""
-        from rlsdk.observe.update_checks import check_entropy_bonus, warn_on_disagreement
-
-        cfg = self.config
-        if not self._entropy_checked:
-            vocab = len(self.tokenizer) if self.tokenizer is not None else 0
-            self._entropy_checked = check_entropy_bonus(
-                cfg.algorithm.entropy_coef, stats["train/entropy"], advantages_B, vocab=vocab, step=self.step
-            )
-        warn_on_disagreement(
-            stats,
-            step=self.step,
-            threshold=cfg.inference.logprob_warn_threshold,
-            compared_version=self.versions.trainer_version - 1,  # the weights the update started from
-            served_dtype=cfg.inference.dtype or cfg.model.dtype,
-            trained_dtype="bf16 (float32 master weights)" if cfg.train.mixed_precision == "bf16" else cfg.model.dtype,
-        )
 
     def _record_trainer_version(self, command: str, results: list[dict[str, Any]], engine: SessionEngine) -> None:
         """After an optimizer step on every rank (``update``, ``sft_update``): the ranks' one new version becomes the
@@ -789,14 +415,10 @@ class Session:
         versions = {int(r["version"]) for r in results}
         if len(versions) != 1:
             raise VersionError(f"ranks disagree on the trainer version after {command}: {sorted(versions)}")
-        engine.after_train(results, _Ranks(self))
+        engine.after_train(results, TrainerRanks(self._run))
         self.versions.trainer_version = versions.pop()
         set_log_context(version=self.versions.trainer_version)
         self.step += 1
-
-    def _update_progress(self) -> tuple[int, int] | None:
-        """Micro-batches done / total, summed over the ranks whose heartbeat reports the running update."""
-        return self._run.command_progress("update")
 
     async def sync_weights(self) -> WeightInfo:
         """Publish the trainer's weights to the engine; verify it serves the trainer's version and checksum.
@@ -806,15 +428,12 @@ class Session:
         """
         engine = self._engine()
         start = time.perf_counter()
-        info = await engine.sync(_Ranks(self), self.versions.trainer_version)
+        info = await engine.sync(TrainerRanks(self._run), self.versions.trainer_version)
         seconds = time.perf_counter() - start
         self.versions.trainer_checksum = info.checksum
         self.versions.record_sync(info.version, info.checksum, seconds)
         if self.metrics is not None:
-            sync_stats = {"time/sync_s": seconds, "version/engine": float(info.version)}
-            if info.bytes is not None:  # what the sync moved (a LoRA run: the adapter only)
-                sync_stats["sync/bytes"] = float(info.bytes)
-            self.metrics.log(self.step, sync_stats)
+            self.metrics.log(self.step, sync_metrics(info, seconds))
         logger.debug("engine now serves v%d (sync %.3f s)", info.version, seconds)
         return info
 
@@ -838,41 +457,18 @@ class Session:
                 :func:`~rlsdk.data.sft.tokenize_sft`), a row count that is not a positive multiple of the
                 rank count (nothing is dropped), or an ``lr`` that is not > 0.
         """
-        from rlsdk.algorithms.batching import shard_rows
-        from rlsdk.data.sft import check_sft_batch, collate_sft, tokenize_sft
-        from rlsdk.observe.rollout_metrics import sft_metrics
+        from rlsdk.observe.update_stats import sft_step_metrics
+        from rlsdk.train_batches import sft_bodies, sft_tensors
 
         engine = self._engine()
-        cfg = self.config
-        if isinstance(batch, (list, tuple)):
-            examples = tokenize_sft(batch, self.tokenizer, eos_token_ids=self.special_tokens.eos_token_ids)
-            batch = collate_sft(examples, self.special_tokens.pad_token_id)
-        if lr is not None and not (isinstance(lr, (int, float)) and lr > 0 and lr != float("inf")):
-            raise ValueError(f"lr={lr!r} is invalid: allowed None or a finite float > 0")
-        tensors = check_sft_batch(batch)
-        world = cfg.launch.num_ranks
-        rows = tensors["completion_ids_B_C"].shape[0]
-        if rows % world:
-            raise ValueError(
-                f"an SFT batch of {rows} rows cannot be split evenly over launch.num_ranks={world} ranks: use a "
-                f"multiple of {world} (every rank runs the same number of forward/backward passes)"
-            )
+        world = self.config.launch.num_ranks
+        tensors = sft_tensors(batch, lr, tokenizer=self.tokenizer, special_tokens=self.special_tokens, world=world)
         engine.before_train()
-        num_tokens = int(tensors["completion_mask_B_C"].sum())
-        fields = engine.train_fields(world, lambda: None)
-        bodies = [
-            {"shard": shard, "num_tokens": num_tokens, "lr": None if lr is None else float(lr), **fields[r]}
-            for r, shard in enumerate(shard_rows(tensors, world))
-        ]
+        bodies = sft_bodies(tensors, lr, world, engine.train_fields)
         start = time.perf_counter()
-        results = await self._broadcast("sft_update", bodies, timeout_s=cfg.launch.command_timeout_s)
+        results = await self._broadcast("sft_update", bodies, timeout_s=self.config.launch.command_timeout_s)
         self._record_trainer_version("sft_update", results, engine)
-        stats = {
-            "step": float(self.step),
-            **sft_metrics(results, seconds=time.perf_counter() - start),
-            "version/trainer": float(self.versions.trainer_version),
-            "version/engine": float(self.versions.engine_version),
-        }
+        stats = sft_step_metrics(results, step=self.step, seconds=time.perf_counter() - start, versions=self.versions)
         if self.metrics is not None:
             self.metrics.log(self.step, stats)
         logger.debug("sft step %d: %s", self.step, stats)
@@ -919,88 +515,26 @@ class Session:
         Raises ``ValueError`` for ``n < 1``, ``greedy`` with ``n > 1``, no prompts, an empty ``prefix``, or
         ``prompts=None`` with ``data.task='file'`` and no ``data.eval_path``; ``RewardError`` as :meth:`reward`.
         """
-        from rlsdk.evaluation import check_eval_args, eval_metrics, eval_seed, eval_workflow, held_out_prompts
+        from rlsdk.evaluation import check_eval_args, eval_rows, evaluate_policy
 
         engine = self._engine()
         check_eval_args(n, greedy, prefix)
-        if prompts is None:
-            rows = self._held_out.get(num_prompts)
-            if rows is None:  # the same held-out rows at every evaluation of this session
-                rows = await asyncio.to_thread(held_out_prompts, self.config, self.tokenizer, num_prompts)
-                self._held_out[num_prompts] = rows
-        else:
-            rows = normalize_rows(prompts)
-        if not rows:
-            raise ValueError("evaluate needs at least one prompt; got an empty prompt list")
+        rows = await eval_rows(prompts, self.config, self.tokenizer, num_prompts, self._held_out)
         assert self.workflow is not None
-        workflow = eval_workflow(self.workflow, greedy=greedy)
-        start = time.perf_counter()
-        rollout = await workflow.arun_batch(engine, rows, n, seed=eval_seed(self.config, self.step))
-        rollout = await self._reward(rollout, reward_fn, timeout_s)
-        metrics = eval_metrics(
-            rollout,
-            n=n,
-            pass_threshold=pass_threshold,
-            max_new_tokens=getattr(getattr(workflow, "params", None), "max_new_tokens", 0) or 1 << 30,
-            eos_token_ids=self.special_tokens.eos_token_ids,
-            engine_version=self.versions.engine_version,
-            seconds=time.perf_counter() - start,
-            prefix=prefix,
+        reward = functools.partial(reward_rollout, reward_fn=reward_fn, timeout_s=timeout_s)
+        return await evaluate_policy(
+            self, engine, rows, reward, n=n, greedy=greedy, threshold=pass_threshold, prefix=prefix
         )
-        if self.metrics is not None:
-            self.metrics.log(self.step, metrics)
-            self.metrics.log_text(self.step, f"{prefix}/samples", samples_markdown(rollout))
-        logger.info(
-            "evaluation at step %d (engine v%d, %d prompts x %d, %s): reward %.3f, pass@1 %.3f",
-            self.step,
-            int(metrics[f"{prefix}/engine_version"]),
-            len(rows),
-            n,
-            "greedy" if greedy else "sampled",
-            metrics[f"{prefix}/reward_mean"],
-            metrics[f"{prefix}/pass@1"],
-        )
-        return metrics
 
     # ------------------------------------------------------------------ checkpoints and low-level calls
     async def save_checkpoint(self) -> Path:
         """Write ``OUTPUT/checkpoints/step_N`` atomically (N = trainer version); keeps ``train.keep_checkpoints``.
 
         A new Session continues from it exactly with ``train.resume_from`` (the path, or 'latest')."""
-        import json
-
-        import yaml
-
-        from rlsdk.engine.train.checkpoint import finalize_checkpoint, prune_checkpoints
+        from rlsdk.session_checkpoint import write_checkpoint
 
         self._engine()
-        dir_mode, file_mode = output_modes(self.config.observe.output_mode)
-        root = private_dir(self.output_dir / "checkpoints", mode=dir_mode)
-        version = self.versions.trainer_version
-        # A batch generating in the background (async mode) is not part of the run yet: record the data position
-        # and rollout count from before it, so a resume generates it again (from the checkpoint's weights).
-        if self._prefetch_state is not None:
-            data_state, rollouts = self._prefetch_state
-        elif self._lookahead is not None:  # rows drawn for the look-ahead, not yet rolled out
-            data_state, rollouts = self._lookahead[1], self._rollouts
-        else:
-            data_state, rollouts = self.prompt_sampler.state_dict(), self._rollouts
-        tmp = root / f"step_{version}.tmp-{uuid.uuid4().hex[:8]}"
-        await self._broadcast(
-            "save_checkpoint", {"directory": str(tmp)}, timeout_s=self.config.launch.command_timeout_s
-        )
-        await asyncio.to_thread(self.tokenizer.save_pretrained, str(tmp / "model"))
-        extra = {
-            "ledger.json": json.dumps(self.versions.state_dict(), indent=1),
-            "config.yaml": yaml.safe_dump(config_to_dict(self.config), sort_keys=False),
-            "data_state.json": json.dumps(data_state),
-            "session.json": json.dumps({"step": self.step, "rollouts": rollouts}),
-        }
-        final = await asyncio.to_thread(finalize_checkpoint, tmp, root / f"step_{version}", extra)
-        await asyncio.to_thread(restrict_tree, final, dir_mode, file_mode)  # e.g. the tokenizer's files
-        await asyncio.to_thread(prune_checkpoints, root, self.config.train.keep_checkpoints)
-        logger.info("checkpoint written: %s", final)
-        return final
+        return await write_checkpoint(self, self._sampling.data_position(), self._broadcast)
 
     async def call(self, command: str, body: dict[str, Any] | list[dict[str, Any]] | None = None) -> list[Any]:
         """Send a raw command to every rank and gather the results (index = rank). ``noop`` measures latency."""
@@ -1010,9 +544,12 @@ class Session:
     async def trace(self, *, timeout_s: float = 2.0) -> Any:
         """Every rank's collective trace and thread stacks, compared now: a ``TraceReport`` (``print`` it, or
         show it in a notebook). Works while a command is stuck. Needs ``launch.tracer`` (else: stacks only)."""
-        if self._channel is None or self._closed:
-            raise SessionClosedError("the session is closed; start a new one with Session.start(config)")
+        self._check_open()
         return await self._run.trace(timeout_s)
+
+    def _check_open(self) -> None:
+        if self._run.channel is None or self._closed:
+            raise SessionClosedError("the session is closed; start a new one with Session.start(config)")
 
     def _record_trace(self, report: Any) -> None:
         self.last_trace = report
@@ -1032,8 +569,7 @@ class Session:
         pending: call again or close), ``CollectiveHangError`` again while the divergence persists (per
         ``launch.hang_policy``), and the ranks' own error (e.g. the process-group timeout) if the command fails.
         """
-        if self._channel is None or self._closed:
-            raise SessionClosedError("the session is closed; start a new one with Session.start(config)")
+        self._check_open()
         return await self._run.keep_waiting(timeout_s)
 
     def status(self) -> dict[str, Any]:
@@ -1041,22 +577,9 @@ class Session:
         last batch's staleness verdict (``last_batch``: see :func:`rlsdk.observe.status.last_batch_staleness`),
         the latest collective trace's headline (``trace``) and a command the watchdog reported hung (``hung``),
         for humans and dashboards."""
-        from rlsdk.observe.status import hung_summary, trace_summary
+        from rlsdk.observe.status import session_status
 
-        return {
-            "closed": self._closed,
-            "failure": None if self._failure is None else str(self._failure).splitlines()[0],
-            "ranks": self._run.rank_status(running=not self._closed),
-            "trainer_version": self.versions.trainer_version,
-            "engine_version": self.versions.engine_version,
-            "in_sync": self.versions.in_sync,
-            "step": self.step,
-            "trace": trace_summary(self.last_trace, self.last_trace_time),
-            "hung": hung_summary(self.hung_command),
-            "last_batch": last_batch_staleness(
-                self.metrics.history if self.metrics is not None else (), self.config.rollout.max_staleness
-            ),
-        }
+        return session_status(self, failure=self._run.failure, ranks=self._run.rank_status(running=not self._closed))
 
     def status_text(self) -> str:
         """:meth:`status` and the latest metrics as a few plain-text lines (the terminal's dashboard)."""

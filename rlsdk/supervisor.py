@@ -55,6 +55,27 @@ def rank_startup_seconds(launched: float, marks: Sequence[dict[str, float] | Non
     return out
 
 
+class TrainerRanks:
+    """The run's train ranks as an engine sees them (:class:`~rlsdk.engine.inference.protocol.TrainerHandle`)."""
+
+    def __init__(self, run: RunSupervisor) -> None:
+        self.run = run
+
+    @property
+    def commands_sent(self) -> int:
+        return self.run.broadcasts
+
+    async def broadcast(
+        self, command: str, body: dict[str, Any] | list[dict[str, Any]] | None = None, *, timeout_s: float | None
+    ) -> list[Any]:
+        return await self.run.broadcast(command, body, timeout_s=timeout_s)
+
+    async def export_weights(self) -> dict[str, Any]:
+        body = {"publish_dir": self.run.publish_dir, "src": 0}
+        results = await self.run.broadcast("export_weights", body, timeout_s=self.run.config.launch.command_timeout_s)
+        return dict(results[0])
+
+
 class RunSupervisor:
     """The rank processes of one run and everything that watches them.
 
@@ -207,6 +228,52 @@ class RunSupervisor:
         self._liveness = asyncio.get_running_loop().create_task(self._watch_heartbeats())
         return results
 
+    async def start_ranks(
+        self,
+        early_records: Sequence[logging.LogRecord],
+        init: dict[str, Any],
+        *,
+        alongside: Callable[[], Awaitable[None]],
+        phase: Callable[[str], None],
+        seconds: dict[str, float],
+    ) -> list[dict[str, Any]]:
+        """Open the logs and the channel, launch the ranks and initialise them with ``init``; returns their results
+        (index = rank). ``alongside`` runs while the ranks import torch and form their process group (the engine
+        loads) and is awaited before this returns; ``phase`` names the start-up's steps (a progress bar);
+        ``seconds`` receives the set-up time and the ranks' own start-up (:func:`rank_startup_seconds`)."""
+        t0 = time.perf_counter()
+        self.open_logs(early_records)  # the records the pre-start checks logged come first
+        env = await self.open_channel()
+        phase("launching ranks")
+        seconds["setup"] = time.perf_counter() - t0
+        launched = time.time()
+        await self.launch(env)
+        task = asyncio.get_running_loop().create_task(alongside())
+        try:
+            phase("loading engine, ranks connecting")
+            results = await self.init_ranks(init, on_connected=lambda: phase("initialising ranks"))
+            seconds.update(rank_startup_seconds(launched, [r.pop("startup", None) for r in results]))
+        finally:
+            await task
+        return results
+
+    def engine_context(self, special_tokens: Any, engine_version: Callable[[], int], num_threads: int | None) -> Any:
+        """What the engine factory needs of the run (:class:`~rlsdk.engine.inference.EngineContext`): the trainer
+        handle, the launcher (a replica a cluster job started), the private directories, and where the server's
+        output lines go (tagged with ``engine_version()``, the version served then)."""
+        from rlsdk.engine.inference import EngineContext
+
+        return EngineContext(
+            config=self.config,
+            special_tokens=special_tokens,
+            trainer=TrainerRanks(self),
+            launcher=self.launcher,
+            runtime_dir=None if self.runtime_dir is None else self.runtime_dir.path,
+            publish_dir=self.publish_dir,
+            on_line=lambda line: self.inference_line(line, version=engine_version()),
+            num_threads=num_threads,
+        )
+
     # ------------------------------------------------------------------ child output
     def route_child_line(self, line: str, *, role: str, component: str, level: str, version: int | None) -> None:
         """Show a line a child process printed (launcher, inference server) in the rank-tagged log stream."""
@@ -226,6 +293,11 @@ class RunSupervisor:
                 "message": line,
             }
         )
+
+    def inference_line(self, line: str, *, version: int) -> None:
+        """A line the inference server printed, at the level its own logger gave it."""
+        level = next((name for name in ("ERROR", "WARNING", "CRITICAL") if f" {name} " in line), "INFO")
+        self.route_child_line(line, role="inference", component="vllm", level=level, version=version)
 
     def launcher_line(self, line: str) -> None:
         self.route_child_line(line, role="launcher", component="launch", level="INFO", version=None)

@@ -269,7 +269,7 @@ class _Refresher:
         self.interval_s = interval_s
         self.logs = LogBuffer(max_records)
         self._task: asyncio.Task[None] | None = None
-        router = getattr(session, "_router", None)
+        router = getattr(session, "log_router", None)
         if router is not None:
             for record in router.recent_records():  # what was logged before the view opened (start-up)
                 self.logs(record)
@@ -299,7 +299,7 @@ class _Refresher:
                 return
 
     def _session_closed(self) -> bool:
-        return bool(getattr(self.session, "_closed", False))
+        return bool(getattr(self.session, "closed", False))
 
     def _status(self) -> dict[str, Any]:
         return self.session.status()
@@ -314,7 +314,7 @@ class _Refresher:
     def close(self) -> None:
         """Stop refreshing and stop buffering logs (the session is unaffected)."""
         self.logs.closed = True
-        router = getattr(self.session, "_router", None)
+        router = getattr(self.session, "log_router", None)
         if router is not None:
             router.remove_listener(self.logs)
         if self._task is not None:

@@ -211,6 +211,10 @@ class RankLogRouter:
         """Also hand every record to ``listener`` (e.g. a notebook widget)."""
         self._listeners.append(listener)
 
+    def listeners(self) -> list[Callable[[dict[str, Any]], None]]:
+        """The listeners records are handed to now (a copy), e.g. to hand them on to a restarted run's router."""
+        return list(self._listeners)
+
     def remove_listener(self, listener: Callable[[dict[str, Any]], None]) -> None:
         """Stop handing records to ``listener`` (no error when it is not registered)."""
         with contextlib.suppress(ValueError):

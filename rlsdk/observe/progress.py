@@ -196,3 +196,20 @@ class CallProgress:
         finally:
             if self._timer is not None:  # still inside the call
                 self._timer = asyncio.get_running_loop().call_later(self.interval_s, self._tick)
+
+
+class Laps:
+    """Seconds between successive marks, into ``into[name]`` (e.g. ``Session.close_seconds``); :meth:`total`
+    records the seconds since the first."""
+
+    def __init__(self, into: dict[str, float]) -> None:
+        self.into = into
+        self.began = self._mark = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.into[name] = now - self._mark
+        self._mark = now
+
+    def total(self) -> None:
+        self.into["total"] = time.perf_counter() - self.began

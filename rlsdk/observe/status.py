@@ -167,6 +167,25 @@ def format_status_text(status: Mapping[str, Any], history: Iterable[tuple[int, M
     return "\n".join(lines)
 
 
+def session_status(session: Any, *, failure: BaseException | None, ranks: dict[int, Any]) -> dict[str, Any]:
+    """``Session.status()`` from the Session's public state, its run's ``failure`` and per-rank ``ranks``."""
+    metrics = session.metrics
+    return {
+        "closed": session.closed,
+        "failure": None if failure is None else str(failure).splitlines()[0],
+        "ranks": ranks,
+        "trainer_version": session.versions.trainer_version,
+        "engine_version": session.versions.engine_version,
+        "in_sync": session.versions.in_sync,
+        "step": session.step,
+        "trace": trace_summary(session.last_trace, session.last_trace_time),
+        "hung": hung_summary(session.hung_command),
+        "last_batch": last_batch_staleness(
+            metrics.history if metrics is not None else (), session.config.rollout.max_staleness
+        ),
+    }
+
+
 def trace_summary(report: Any, taken_at: float | None) -> dict[str, Any] | None:
     """``Session.status()['trace']``: a collective trace's time, verdict, headline and where the ranks diverged;
     None without one."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -78,3 +79,31 @@ def check_entropy_bonus(
             suggested_entropy_coef(advantages_B, entropy_mean),
         )
     return True
+
+
+def warn_after_update(
+    stats: Mapping[str, float],
+    advantages_B: torch.Tensor,
+    config: Any,
+    *,
+    vocab: int,
+    checked: bool,
+) -> bool:
+    """An update's warnings from its ``stats`` (:func:`~rlsdk.observe.update_stats.update_step_metrics`): the
+    entropy bonus once (unless ``checked``), at the first update with a signal; the trainer/engine disagreement
+    at every update past the threshold; and a note of the stale samples dropped, if any. Returns whether the
+    entropy check is decided now (pass it back as ``checked``)."""
+    step, trainer_version = int(stats["step"]), int(stats["version/trainer"])
+    if not checked:
+        checked = check_entropy_bonus(
+            config.algorithm.entropy_coef, stats["train/entropy"], advantages_B, vocab=vocab, step=step
+        )
+    warn_on_disagreement(
+        stats,
+        step=step,
+        threshold=config.inference.logprob_warn_threshold,
+        compared_version=trainer_version - 1,  # the weights the update started from
+        served_dtype=config.inference.dtype or config.model.dtype,
+        trained_dtype="bf16 (float32 master weights)" if config.train.mixed_precision == "bf16" else config.model.dtype,
+    )
+    return checked

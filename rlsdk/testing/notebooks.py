@@ -24,7 +24,7 @@ from typing import Any
 _CLOSE_SESSIONS = """\
 import gc as _rlsdk_gc
 from rlsdk.session import Session as _RlsdkSession
-_rlsdk_open = [_s for _s in _rlsdk_gc.get_objects() if issubclass(type(_s), _RlsdkSession) and not _s._closed]
+_rlsdk_open = [_s for _s in _rlsdk_gc.get_objects() if issubclass(type(_s), _RlsdkSession) and not _s.closed]
 for _s in _rlsdk_open:
     await _s.close()
 print(len(_rlsdk_open))

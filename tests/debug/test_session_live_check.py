@@ -118,7 +118,7 @@ def test_rank_blocked_on_a_python_lock_is_a_straggler_with_its_stack_never_raise
     async def scenario() -> tuple[list[Any], Any, dict[str, int]]:
         async with await Session.start(config) as session:
             results = await session.call("call_function", {"target": "_faults:session_lock_straggler"})
-            return results, session.last_trace, dict(session._channel.poll_stats)
+            return results, session.last_trace, dict(session._run.channel.poll_stats)
 
     results, trace, polls = asyncio.run(scenario())
 

@@ -36,7 +36,8 @@ CONTROLLER = textwrap.dedent(
         await session.sync_weights()
         await session.save_checkpoint()
         pids = [info["pid"] for info in session.rank_info.values()]
-        print(json.dumps({"ranks": pids, "launcher": session._launcher.proc.pid, "publish_dir": session._publish_dir}),
+        run = session._run
+        print(json.dumps({"ranks": pids, "launcher": run.launcher.proc.pid, "publish_dir": run.publish_dir}),
               flush=True)
         await asyncio.sleep(600)
 

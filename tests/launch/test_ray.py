@@ -107,7 +107,7 @@ def test_ray_session_on_two_simulated_nodes_of_a_local_ray_instance_trains_one_s
         session = await Session.start(config)
         try:
             out: dict[str, Any] = {"rank_pids": [info["pid"] for info in session.rank_info.values()]}
-            launcher = session._launcher
+            launcher = session._run.launcher
             out["placed"] = [
                 pid
                 for actor_pid in launcher.actor_pids

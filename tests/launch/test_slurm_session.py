@@ -39,7 +39,7 @@ def test_slurm_session_on_two_simulated_nodes_trains_one_step_and_verifies_the_w
         session = await Session.start(config)
         try:
             out: dict = {"pids": [info["pid"] for info in session.rank_info.values()]}
-            out["job_id"] = session._launcher.job_id
+            out["job_id"] = session._run.launcher.job_id
             rollout = await session.rollout()
             rollout = await session.reward(rollout, reverse_reward)
             out["stats"] = await session.update(rollout)

@@ -129,7 +129,7 @@ def test_session_build_engine_with_a_slurm_vllm_replica_attaches_to_the_endpoint
 
     monkeypatch.setattr(VLLMEngine, "attach", classmethod(attach))
     session = Session(dataclasses.replace(small_config, inference=InferenceConfig(engine="vllm")))
-    session._launcher = FakeSlurmLauncher()
+    session._run.launcher = FakeSlurmLauncher()
 
     asyncio.run(session._build_engine())
 

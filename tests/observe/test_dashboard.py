@@ -21,10 +21,10 @@ class FakeSession:
     """What the dashboard reads from a Session: status(), metrics.history, the log router, output_dir."""
 
     def __init__(self, tmp_path: Path) -> None:
-        self._router = RankLogRouter(tmp_path / "logs", console=False, level=logging.DEBUG)
+        self.log_router = RankLogRouter(tmp_path / "logs", console=False, level=logging.DEBUG)
         self.metrics = MetricsWriter(tmp_path / "tb", tensorboard=False)
         self.output_dir = tmp_path
-        self._closed = False
+        self.closed = False
         self.trainer_version = 0
         self.engine_version = 0
         self.last_trace: Any = None
@@ -33,7 +33,7 @@ class FakeSession:
 
     def status(self) -> dict[str, Any]:
         return {
-            "closed": self._closed,
+            "closed": self.closed,
             "ranks": {r: {"pid": os.getpid(), "heartbeat_age_s": 0.2, "command": None, "alive": True} for r in (0, 1)},
             "trainer_version": self.trainer_version,
             "engine_version": self.engine_version,
@@ -160,8 +160,8 @@ def test_widget_dashboard_shows_versions_and_filters_logs_by_rank(tmp_path: Path
     pytest.importorskip("ipywidgets")
     session = FakeSession(tmp_path)
     session.step(0.5)
-    session._router.handle(_record(0, "hello from rank zero"))
-    session._router.handle(_record(1, "hello from rank one"))
+    session.log_router.handle(_record(0, "hello from rank zero"))
+    session.log_router.handle(_record(1, "hello from rank one"))
 
     dashboard = open_dashboard(session, mode="widget")
     dashboard.refresh()
@@ -183,14 +183,14 @@ def test_widget_dashboard_refreshes_from_its_loop_task_under_a_log_flood_with_bo
         dashboard = open_dashboard(session, mode="widget", interval_s=0.02)
         lags = []
         for i in range(2000):  # 4 ranks, 500 records each, delivered on the loop like the control channel does
-            session._router.handle(_record(i % 4, f"record {i}"))
+            session.log_router.handle(_record(i % 4, f"record {i}"))
             if i % 200 == 0:
                 before = time.perf_counter()
                 await asyncio.sleep(0)
                 lags.append(time.perf_counter() - before)
         session.step(0.75)
         await asyncio.sleep(0.2)
-        session._closed = True
+        session.closed = True
         await asyncio.sleep(0.1)
         return dashboard, max(lags)
 
@@ -221,7 +221,7 @@ def test_opening_a_second_dashboard_for_a_session_closes_the_first(tmp_path: Pat
 
     first = open_dashboard(session, mode="text")
     second = open_dashboard(session, mode="text")
-    session._router.handle(_record(0, "after the second view opened"))
+    session.log_router.handle(_record(0, "after the second view opened"))
 
     assert first.logs.closed and not second.logs.closed
     assert [r["message"] for r in second.logs.snapshot()] == ["after the second view opened"]

@@ -29,7 +29,7 @@ def test_async_rollouts_are_generated_during_the_update_and_are_at_most_one_vers
         async with await Session.start(_async(small_config)) as session:
             for _ in range(4):
                 rollout = await session.reward(await session.rollout(), reverse_reward)
-                in_flight = session._prefetch is not None and not session._prefetch.done()
+                in_flight = session._sampling.prefetch is not None and not session._sampling.prefetch.done()
                 trainer = session.versions.trainer_version
                 stats = await session.update(rollout)
                 await session.sync_weights()

@@ -40,7 +40,7 @@ def _alive(pid: int) -> bool:
 def _run_pids(session: Session) -> list[int]:
     """Every process of the run: the ranks, the launcher and everything started under it (not other children of
     the test process, such as a session-scoped vLLM server of another suite)."""
-    launcher = session._launcher.proc.pid
+    launcher = session._run.launcher.proc.pid
     pids = [info["pid"] for info in session.rank_info.values()] + [launcher]
     with contextlib.suppress(psutil.NoSuchProcess):
         pids += [child.pid for child in psutil.Process(launcher).children(recursive=True) if child.pid not in pids]

@@ -27,9 +27,9 @@ def test_session_colocated_steps_generate_on_the_ranks_with_the_trained_version_
             out: dict[str, Any] = {"start": (session.versions.engine_version, session.versions.trainer_checksum)}
             first = await session.reward(await session.rollout(), reverse_reward)
             out["stats"] = await session.update(first)
-            sent = session._broadcasts
+            sent = session._run.broadcasts
             out["info"] = await session.sync_weights()  # verifies the checksums the update returned
-            out["sync_commands"] = session._broadcasts - sent
+            out["sync_commands"] = session._run.broadcasts - sent
             out["checksum"] = session.versions.trainer_checksum
             second = await session.rollout()
             out["versions"] = (first.versions_B_C, second.versions_B_C)
@@ -38,9 +38,9 @@ def test_session_colocated_steps_generate_on_the_ranks_with_the_trained_version_
             out["exported"] = await session.call("weight_info")
             await session.update(await session.reward(second, reverse_reward))
             await session.call("noop")  # a command after the update: the sync asks the ranks again
-            sent = session._broadcasts
+            sent = session._run.broadcasts
             out["info2"] = await session.sync_weights()
-            out["sync2_commands"] = session._broadcasts - sent
+            out["sync2_commands"] = session._run.broadcasts - sent
             return out
 
     # Act
@@ -77,9 +77,9 @@ def test_session_colocated_lookahead_samples_the_same_batches_as_without_and_ski
                 first = await session.rollout()
                 await session.update(await session.reward(first, reverse_reward))
                 await session.sync_weights()
-                sent = session._broadcasts
+                sent = session._run.broadcasts
                 second = await session.rollout()  # with look-ahead: sampled inside the update command
-                out["rollout_commands"] = session._broadcasts - sent
+                out["rollout_commands"] = session._run.broadcasts - sent
                 await session.update(await session.reward(second, reverse_reward))
                 checkpoint = await session.save_checkpoint()  # the look-ahead rows are not rolled out yet
                 out["data_state"] = json.loads((checkpoint / "data_state.json").read_text())

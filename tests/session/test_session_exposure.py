@@ -54,12 +54,12 @@ async def _observe(config: SessionConfig) -> dict[str, Any]:
         await session.save_checkpoint()
         seen["listeners"] = [lst for lst in tree_listeners(os.getpid()) if lst.pid not in others]
         seen["rank_pids"] = {info["pid"] for info in session.rank_info.values()}
-        seen["channel_address"] = session._channel.address
-        runtime_dir = getattr(session, "_runtime_dir", None)  # None: a Session without one (before issue 19)
+        seen["channel_address"] = session._run.channel.address
+        runtime_dir = session._run.runtime_dir  # the private sockets and rendezvous files of this start
         runtime = Path(runtime_dir.path) if runtime_dir is not None else None
         owner = () if runtime is None else (stat.S_IMODE(runtime.stat().st_mode), runtime.stat().st_uid)
         seen["runtime_dir"] = (runtime, *owner)
-        publish = Path(session._publish_dir)
+        publish = Path(session._run.publish_dir)
         seen["publish"] = _modes(publish)
     finally:
         await session.close()

@@ -52,7 +52,7 @@ def test_session_step_on_real_ranks_publishes_and_syncs_versions_then_closes_cle
             except StaleRolloutError as exc:
                 out["stale"] = str(exc)
             out["checkpoint"] = await session.save_checkpoint()
-            out["publish_dir"] = Path(session._publish_dir or "")
+            out["publish_dir"] = Path(session._run.publish_dir or "")
             out["published"] = sorted(p.name for p in out["publish_dir"].iterdir())
         finally:
             await session.close()
@@ -131,7 +131,7 @@ def test_session_with_one_rank_runs_a_verified_step_and_leaves_no_process(small_
 
     async def scenario() -> tuple[int, dict, list[int]]:
         async with await Session.start(config) as session:
-            pids = [info["pid"] for info in session.rank_info.values()] + [session._launcher.proc.pid]
+            pids = [info["pid"] for info in session.rank_info.values()] + [session._run.launcher.proc.pid]
             await session.update(await session.reward(await session.rollout(), reward))
             info = await session.sync_weights()
             return info.version, dict(session.rank_info), pids

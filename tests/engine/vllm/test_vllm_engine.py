@@ -144,7 +144,7 @@ def test_vllm_failed_sync_raises_naming_version_server_and_cause_and_leaves_serv
     session = vllm_session.session
     engine = session.engine
     before = vllm_session.run(engine.weight_info())
-    missing = Path(session._publish_dir) / "no-such-weights.safetensors"
+    missing = Path(session._run.publish_dir) / "no-such-weights.safetensors"
 
     with pytest.raises(WeightSyncError) as info:
         vllm_session.run(engine.load_weights(str(missing), 999))

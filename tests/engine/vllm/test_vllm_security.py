@@ -85,7 +85,7 @@ def test_vllm_server_refuses_weight_loading_and_every_dev_endpoint_to_a_caller_w
     with torch.no_grad():
         for param in model.parameters():
             param.mul_(-1.0)
-    swapped = Path(session._publish_dir) / "attacker.safetensors"
+    swapped = Path(session._run.publish_dir) / "attacker.safetensors"
     save_model(model, str(swapped))
     calls = [
         ("POST", "/collective_rpc", {"method": "rlsdk_load_weights", "kwargs": {"path": str(swapped)}}),
@@ -150,7 +150,7 @@ def test_vllm_worker_refuses_weights_outside_the_publish_dir_even_from_the_sessi
     before = vllm_session.run(engine.weight_info())
     outside = tmp_path / "v1.safetensors"
     save_model(nn.Linear(2, 2), str(outside))
-    link = Path(session._publish_dir) / "v1000.safetensors"
+    link = Path(session._run.publish_dir) / "v1000.safetensors"
     link.symlink_to(outside)
 
     try:
@@ -160,5 +160,5 @@ def test_vllm_worker_refuses_weights_outside_the_publish_dir_even_from_the_sessi
 
     for result in results:
         assert len(result) == 1 and "outside" in result[0]["error"]
-        assert os.path.realpath(session._publish_dir) in result[0]["error"]
+        assert os.path.realpath(session._run.publish_dir) in result[0]["error"]
     assert vllm_session.run(engine.weight_info()) == before
