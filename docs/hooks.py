@@ -571,6 +571,14 @@ def tracer_section(path: Path) -> str:
             f"{(off or 0) * 1e3:.1f} ms, on {(on or 0) * 1e3:.1f} ms) | {recipe.get('ratio_of_medians', 0):.3f} "
             "| <= 1.02 |"
         )
+    live = data.get("live_check") or {}
+    if live:
+        no_poll = (recipe.get("step_s", {}).get("no_poll") or {}).get("median")
+        lines.append(
+            f"| default recipe step, live checks on / off (`launch.trace_poll_s` default vs None, tracer on both; "
+            f"{live.get('rounds')} interleaved rounds; off {(no_poll or 0) * 1e3:.1f} ms; median paired "
+            f"{live.get('median_paired_ratio', 0):.3f}) | {live.get('ratio_of_medians', 0):.3f} | <= 1.01 |"
+        )
     if "ddp_step_ratio" in data:
         lines.append(f"| DDP tiny-MLP micro-step, traced / plain gloo | {data['ddp_step_ratio']:.3f} | (context) |")
     return "\n".join(lines) + "\n"
