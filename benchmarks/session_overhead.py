@@ -8,6 +8,11 @@
 3. ``Session.start`` and ``Session.close`` of the default recipe's config (2 ranks, embedded engine), each phase
    (``Session.start_seconds`` / ``close_seconds``: pre-start checks, launcher, the ranks' imports, process group,
    train engine, the overlapped engine load; ranks' exit). Targets: ready <= 5 s, close <= 1 s (medians).
+4. The start's floor on this machine, interleaved with 3: what any start through ``accelerate launch`` and a
+   transformers model pays before rlsdk's own work, measured as fresh processes: the launcher's interpreter and
+   imports (``accelerate.commands.launch``, which imports torch) followed by, concurrently for each rank, an
+   interpreter importing what a rank imports (torch, accelerate, the worker) and loading the policy with
+   ``AutoModelForCausalLM.from_pretrained``. ``ready / floor`` says how much of the start is rlsdk's.
 
 ``--quick`` (a smoke test, not a measurement): 1 repetition of 5 steps, the no-op round trip to 2 ranks only, one
 start/close.
@@ -25,6 +30,7 @@ import argparse
 import asyncio
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -94,6 +100,32 @@ async def session_noop_us(config: SessionConfig, iterations: int, reps: int, raw
     return raw, ours
 
 
+LAUNCHER_IMPORTS = "import accelerate.commands.launch"
+RANK_IMPORTS = (
+    "import sys, rlsdk.worker.main, accelerate\n"
+    "from transformers import AutoModelForCausalLM\n"
+    "AutoModelForCausalLM.from_pretrained(sys.argv[1])"
+)
+
+
+def import_floor_seconds(model_dir: Path, num_ranks: int) -> dict[str, float]:
+    """The launcher's imports, then ``num_ranks`` concurrent rank-like interpreters (wall seconds, fresh
+    processes): the part of ``Session.start`` that belongs to Python, torch, accelerate and transformers."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    began = time.perf_counter()
+    subprocess.run([sys.executable, "-c", LAUNCHER_IMPORTS], check=True, env=env)
+    launcher = time.perf_counter() - began
+    began = time.perf_counter()
+    ranks = [
+        subprocess.Popen([sys.executable, "-c", RANK_IMPORTS, str(model_dir)], env=env, stderr=subprocess.DEVNULL)
+        for _ in range(num_ranks)
+    ]
+    if any(process.wait() != 0 for process in ranks):
+        raise RuntimeError("a rank-like interpreter failed: run it by hand to see why")
+    rank = time.perf_counter() - began
+    return {"launcher_imports": launcher, "rank_imports_and_load": rank, "floor": launcher + rank}
+
+
 async def start_close_seconds(config: SessionConfig) -> tuple[dict[str, float], dict[str, float]]:
     """One Session.start then close, with their phases (seconds)."""
     session = await Session.start(config)
@@ -149,22 +181,32 @@ def main() -> None:
     print_table("no-op command round trip", rows, "us")
     starts: dict[str, list[float]] = {}
     closes: dict[str, list[float]] = {}
+    floors: dict[str, list[float]] = {}
     for rep in range(reps):
         config = session_config(model_dir, work / f"start-{rep}", 2, args.seed)
         started, closed = asyncio.run(start_close_seconds(config))
+        for name, value in import_floor_seconds(model_dir, config.launch.num_ranks).items():
+            floors.setdefault(name, []).append(value)
         for name, value in started.items():
             starts.setdefault(name, []).append(value)
         for name, value in closed.items():
             closes.setdefault(name, []).append(value)
     start_phases = {name: summarize(values) for name, values in starts.items()}
     close_phases = {name: summarize(values) for name, values in closes.items()}
+    floor = {name: summarize(values) for name, values in floors.items()}
+    # Paired per repetition: each start against the floor measured right after it.
+    over_floor = summarize([total / low for total, low in zip(starts["total"], floors["floor"])])
     print_table("Session.start phases (s)", [{"name": k, **v} for k, v in start_phases.items()], "s")
     print_table("Session.close phases (s)", [{"name": k, **v} for k, v in close_phases.items()], "s")
+    print_table(
+        "start floor: fresh interpreters' imports and model load (s)", [{"name": k, **v} for k, v in floor.items()], "s"
+    )
     ready, close = start_phases["total"]["median"], close_phases["total"]["median"]
     noop_ratios = " / ".join(f"{entry['ratio']:.2f} @{ranks}" for ranks, entry in noop.items())
     print(
         f"\ntargets: step-time ratio {step_ratio:.2f} (<= 1.5), no-op ratio {noop_ratios} ranks (<= 3), "
-        f"ready {ready:.1f} s (<= 5), close {close:.2f} s (<= 1)"
+        f"ready {ready:.1f} s (<= 5; floor {floor['floor']['median']:.1f} s, ready/floor "
+        f"{over_floor['median']:.2f}), close {close:.2f} s (<= 1)"
     )
     write_json(
         args.json,
@@ -174,7 +216,13 @@ def main() -> None:
             "threads": {"bare": os.cpu_count(), "session_rank": 1, "session_engine": "process default"},
             "step_ms": {"bare": bare, "session": ours, "ratio": step_ratio, "steps": steps, "warmup": warmup},
             "noop": noop,
-            "start_s": {"phases": start_phases, "ready_median": ready, "target": 5.0},
+            "start_s": {
+                "phases": start_phases,
+                "ready_median": ready,
+                "target": 5.0,
+                "floor": floor,
+                "ready_over_floor": over_floor,
+            },
             "close_s": {"phases": close_phases, "close_median": close, "target": 1.0},
         },
     )
