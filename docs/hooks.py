@@ -185,7 +185,11 @@ def benchmarks_page(path: Path) -> str:
         "   background ranks) against the bare single-process GRPO loop on the same task, model, batch and seed",
         "   (target: ratio <= 1.5);",
         "2. a no-op command round trip through the control channel to 2 and 4 ranks against a raw pyzmq",
-        "   ROUTER/DEALER round trip to as many peer processes (target: ratio <= 3).",
+        "   ROUTER/DEALER round trip to as many peer processes (target: ratio <= 3);",
+        "3. `Session.start` (ready, target <= 5 s) and `Session.close` (target <= 1 s) of the default recipe's",
+        "   config, against the start's floor measured right after each start: fresh interpreters doing what any",
+        "   start through `accelerate launch` and a transformers model must (the launcher's imports, then each",
+        "   rank's imports and `from_pretrained`). `ready / floor` is paired per repetition.",
         "",
         "Quote the ratios, not the absolute times: the machines are shared and noisy. Reproduce:",
         "",
@@ -217,8 +221,35 @@ def benchmarks_page(path: Path) -> str:
             f"| no-op round trip (us) | Session, {ranks} ranks | {_num(ours, 'median')} | "
             f"{_num(ours, 'min')} | {_num(ours, 'max')} | {entry.get('ratio', 0):.2f}x |"
         )
+    lines += _start_close_rows(data)
     lines.append("")
     return "\n".join(lines)
+
+
+def _start_close_rows(data: dict[str, Any]) -> list[str]:
+    """Ready and close (s), and the start's floor with ``ready / floor``, where the file has them."""
+    start, close = data.get("start_s", {}), data.get("close_s", {})
+    rows = []
+    ready = start.get("phases", {}).get("total")
+    floor = start.get("floor", {}).get("floor")
+    if ready:
+        over = start.get("ready_over_floor", {}).get("median")
+        ratio = f"{over:.2f}x floor" if isinstance(over, (int, float)) else ""
+        rows.append(
+            f"| start (s) | Session.start, ready | {_num(ready, 'median')} | {_num(ready, 'min')} | "
+            f"{_num(ready, 'max')} | {ratio} |"
+        )
+    if floor:
+        rows.append(
+            f"| start (s) | floor: imports and model load | {_num(floor, 'median')} | "
+            f"{_num(floor, 'min')} | {_num(floor, 'max')} | |"
+        )
+    total = close.get("phases", {}).get("total")
+    if total:
+        rows.append(
+            f"| close (s) | Session.close | {_num(total, 'median')} | {_num(total, 'min')} | {_num(total, 'max')} | |"
+        )
+    return rows
 
 
 def _environment(data: dict[str, Any]) -> str:
