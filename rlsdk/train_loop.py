@@ -1,4 +1,4 @@
-"""The library's training loop: what ``Session.train`` runs, and what ``rlsdk run`` and the recipes call.
+"""The library's training loop: what ``Session.train`` runs (and so ``rlsdk run`` with a recipe's ``reward``).
 
 One step is the four calls a notebook makes one cell at a time (``rollout -> reward -> update -> sync_weights``);
 around them the loop honours the config's loop fields, or the arguments that override them:
@@ -15,6 +15,10 @@ around them the loop honours the config's loop fields, or the arguments that ove
 
 With ``rollout.mode='async'`` the same calls overlap generation with training (``Session.rollout`` hands out the
 batch generated in the background). The loop returns a :class:`TrainSummary`.
+
+The loop drives a :class:`LoopSession`, the few calls and attributes it needs, which ``Session`` has: this module
+does not import the Session (``Session.train`` imports this one), so a test can drive the loop with a scripted
+stand-in and the two modules form no import cycle.
 """
 
 from __future__ import annotations
@@ -24,16 +28,45 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rlsdk.observe.logging import get_logger
 
 if TYPE_CHECKING:
     from rlsdk.config import SessionConfig
     from rlsdk.rewards.apply import RewardFn
-    from rlsdk.session import Session
+    from rlsdk.versioning import VersionLedger
+    from rlsdk.workflow.rollout import Rollout
 
 logger = get_logger(__name__)
+
+
+class LoopSession(Protocol):
+    """What :func:`train` drives: the four calls of a step, evaluation and checkpoints, and what it reads
+    (``rlsdk.Session`` satisfies it)."""
+
+    @property
+    def config(self) -> SessionConfig: ...
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def versions(self) -> VersionLedger: ...
+
+    async def rollout(self) -> Rollout: ...
+
+    async def reward(self, rollout: Rollout, reward_fn: RewardFn) -> Rollout: ...
+
+    async def update(self, rollout: Rollout) -> dict[str, float]: ...
+
+    async def sync_weights(self) -> object: ...
+
+    async def evaluate(
+        self, prompts: Any, reward_fn: RewardFn, *, n: int = 1, greedy: bool = True, prefix: str = "eval"
+    ) -> dict[str, float]: ...
+
+    async def save_checkpoint(self) -> Path: ...
 
 
 @dataclass
@@ -87,7 +120,7 @@ def _check_every(name: str, value: int) -> int:
 
 
 async def train(
-    session: Session,
+    session: LoopSession,
     reward_fn: RewardFn,
     *,
     steps: int | None = None,
@@ -203,16 +236,7 @@ async def train(
     return summary
 
 
-async def run(config: SessionConfig, reward_fn: RewardFn, **train_kwargs: Any) -> TrainSummary:
-    """Start a Session for ``config``, :func:`train` it with ``reward_fn`` (``train_kwargs`` as there), close it:
-    what ``rlsdk run`` does with a recipe that defines ``reward`` instead of ``main``."""
-    from rlsdk.session import Session
-
-    async with await Session.start(config) as session:
-        return await train(session, reward_fn, **train_kwargs)
-
-
-async def _evaluate(session: Session, prompts: Any, reward_fn: RewardFn, samples: int) -> dict[str, float]:
+async def _evaluate(session: LoopSession, prompts: Any, reward_fn: RewardFn, samples: int) -> dict[str, float]:
     result = await session.evaluate(prompts, reward_fn)
     if samples:
         result.update(await session.evaluate(prompts, reward_fn, n=samples, greedy=False, prefix="eval_sampled"))
