@@ -44,11 +44,13 @@ def small_qwen2_config(
     num_heads: int,
     intermediate_size: int,
     max_positions: int,
-    **token_ids: Any,
+    *,
+    num_kv_heads: int | None = None,
+    **extra: Any,
 ) -> Qwen2Config:
-    """The ``Qwen2Config`` of a task's small random-init policy (sizes checked by :func:`check_policy_sizes`): one
-    key/value head per attention head and tied input/output embeddings; ``token_ids``: its ``pad_token_id``,
-    ``eos_token_id``, ``bos_token_id`` (and any other ``Qwen2Config`` field)."""
+    """The ``Qwen2Config`` of a random-init policy built here (sizes checked by :func:`check_policy_sizes`): tied
+    input/output embeddings, ``num_kv_heads`` key/value heads (default: one per attention head); ``extra``: its
+    ``pad_token_id``, ``eos_token_id``, ``bos_token_id`` and any other ``Qwen2Config`` field."""
     from transformers import Qwen2Config
 
     return Qwen2Config(
@@ -57,8 +59,8 @@ def small_qwen2_config(
         intermediate_size=intermediate_size,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
-        num_key_value_heads=num_heads,
+        num_key_value_heads=num_heads if num_kv_heads is None else num_kv_heads,
         max_position_embeddings=max_positions,
         tie_word_embeddings=True,
-        **token_ids,
+        **extra,
     )

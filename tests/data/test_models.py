@@ -39,3 +39,10 @@ def test_build_tiny_policy_bad_size_raises_before_writing_anything(tmp_path: Pat
         build_tiny_policy(tmp_path / "model", hidden_size=64, num_heads=3)
 
     assert not (tmp_path / "model").exists()
+
+
+def test_small_qwen2_config_with_fewer_kv_heads_keeps_them_and_passes_other_fields() -> None:
+    config = small_qwen2_config(16, 32, 2, 4, 64, max_positions=128, num_kv_heads=2, rope_theta=1_000_000.0)
+
+    assert (config.num_attention_heads, config.num_key_value_heads) == (4, 2)
+    assert config.rope_parameters["rope_theta"] == 1_000_000.0
