@@ -16,8 +16,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from rlsdk.observe.logging import get_logger
+
+if TYPE_CHECKING:
+    from rlsdk.config import SessionConfig
+    from rlsdk.rewards.apply import RewardFn
+    from rlsdk.train_loop import TrainSummary
 
 logger = get_logger("rlsdk.cli")
 
@@ -50,11 +56,18 @@ def run_recipe(path: str, args: Sequence[str]) -> object:
     config = parse_cli(recipe.config(), list(args), prog=f"rlsdk run {path}", description=recipe.__doc__)
     if callable(getattr(recipe, "main", None)):
         return asyncio.run(recipe.main(config))
-    from rlsdk.train_loop import run
-
-    summary = asyncio.run(run(config, recipe.reward))
+    summary = asyncio.run(train_recipe(config, recipe.reward))
     logger.info("%s", summary.as_dict())
     return summary
+
+
+async def train_recipe(config: SessionConfig, reward_fn: RewardFn) -> TrainSummary:
+    """Start a Session for ``config``, train it with ``reward_fn`` (:meth:`Session.train` with the config's loop
+    fields), close it: what ``rlsdk run`` does with a recipe that defines ``reward`` instead of ``main``."""
+    from rlsdk.session import Session
+
+    async with await Session.start(config) as session:
+        return await session.train(reward_fn)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,10 +24,6 @@ ALLOWED: dict[str, str] = {
         "tracer does not import torch.distributed; its length is that class's body, one short method per "
         "collective (each measured on its own here), and the class cannot be split without its base class"
     ),
-    "rlsdk.train_loop.train": (
-        "being restructured with the Session facade work (issue 20 item 3: which of Session and train_loop owns "
-        "the loop); it is split there rather than twice"
-    ),
 }
 
 

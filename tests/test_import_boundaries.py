@@ -201,12 +201,7 @@ def violations(root: Path) -> dict[tuple[str, ...], str]:
 
 
 # Violations that cannot go yet, each with its reason. Remove an entry when its violation goes (a stale entry fails).
-ALLOWED: dict[tuple[str, ...], str] = {
-    ("cycle", "rlsdk.session", "rlsdk.train_loop"): (
-        "issue 20 item 3: Session.train() delegates to train_loop.train(), which drives a Session; the Session "
-        "facade work decides which of the two owns the loop"
-    ),
-}
+ALLOWED: dict[tuple[str, ...], str] = {}
 
 
 def test_rlsdk_imports_when_checked_break_no_boundary_beyond_the_listed_exceptions() -> None:

@@ -72,14 +72,20 @@ def group_advantages(
     return centred_G_S.reshape(-1).to(rewards_B.dtype)
 
 
-def _check_rewards(rewards_B: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Shape-check ``rewards_B`` against ``group_size``; returns it as a float tensor."""
+def check_group_rewards(rewards_B: torch.Tensor, group_size: int) -> None:
+    """Raise ValueError unless ``rewards_B`` is 1-D ``[B]`` with ``B`` a multiple of ``group_size >= 1`` (groups of
+    ``group_size`` consecutive samples)."""
     if group_size < 1:
         raise ValueError(f"group_size={group_size!r} is invalid: allowed >= 1")
     if rewards_B.dim() != 1:
         raise ValueError(f"rewards_B must be 1-D [B], got shape {tuple(rewards_B.shape)}")
     if rewards_B.shape[0] % group_size:
         raise ValueError(f"rewards_B has {rewards_B.shape[0]} samples, not a multiple of group_size={group_size}")
+
+
+def _check_rewards(rewards_B: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Shape-check ``rewards_B`` against ``group_size``; returns it as a float tensor."""
+    check_group_rewards(rewards_B, group_size)
     return rewards_B if rewards_B.is_floating_point() else rewards_B.float()
 
 

@@ -292,32 +292,25 @@ def build_reasoning_policy(
         RuntimeError: the tokenizer transformers loads back from ``path`` does not encode like the one trained
             (a transformers version that rebuilds it differently).
     """
-    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config
+    from transformers import AutoTokenizer, GenerationConfig
 
-    from rlsdk.data.models import seeded_qwen2
+    from rlsdk.data.models import check_policy_sizes, seeded_qwen2, small_qwen2_config
 
     path = Path(path)
     if all((path / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json")):
         return path
     intermediate_size = 4 * hidden_size if intermediate_size is None else intermediate_size
-    for name, value in (("hidden_size", hidden_size), ("num_layers", num_layers), ("num_heads", num_heads),
-                        ("intermediate_size", intermediate_size)):  # fmt: skip
-        if value < 1:
-            raise ValueError(f"{name}={value!r} is invalid: allowed an int >= 1")
-    if hidden_size % num_heads:
-        raise ValueError(f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}")
+    check_policy_sizes(hidden_size, num_layers, num_heads, intermediate_size)
     task = task or ReasoningTask()
     tokenizer = build_reasoning_tokenizer(task)
     eos_ids = [tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(END_OF_TEXT)]
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_heads,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
+    config = small_qwen2_config(
+        len(tokenizer),
+        hidden_size,
+        num_layers,
+        num_heads,
+        intermediate_size,
+        max_positions=256,
         bos_token_id=None,
         eos_token_id=eos_ids,
         pad_token_id=tokenizer.pad_token_id,

@@ -98,35 +98,24 @@ def build_tiny_policy(
     Raises:
         ValueError: ``hidden_size`` not divisible by ``num_heads``, or a size < 1.
     """
-    from transformers import GenerationConfig, Qwen2Config
+    from transformers import GenerationConfig
 
-    from rlsdk.data.models import seeded_qwen2
+    from rlsdk.data.models import check_policy_sizes, seeded_qwen2, small_qwen2_config
 
     path = Path(path)
     if _is_complete_model_dir(path):
         logger.debug("tiny policy already present at %s; not rebuilt", path)
         return path
-    for name, value in (
-        ("hidden_size", hidden_size),
-        ("num_layers", num_layers),
-        ("num_heads", num_heads),
-        ("intermediate_size", intermediate_size),
-    ):
-        if value < 1:
-            raise ValueError(f"{name}={value!r} is invalid: allowed >= 1")
-    if hidden_size % num_heads:
-        raise ValueError(f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}")
+    check_policy_sizes(hidden_size, num_layers, num_heads, intermediate_size)
 
     tokenizer = build_tokenizer()
-    config = Qwen2Config(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_heads,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
+    config = small_qwen2_config(
+        VOCAB_SIZE,
+        hidden_size,
+        num_layers,
+        num_heads,
+        intermediate_size,
+        max_positions=64,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.bos_token_id,

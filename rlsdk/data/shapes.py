@@ -114,9 +114,9 @@ def build_shape_policy(
     Raises:
         ValueError: an unknown shape name, or ``hidden_size`` not divisible by ``num_heads``.
     """
-    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config
+    from transformers import AutoTokenizer, GenerationConfig
 
-    from rlsdk.data.models import seeded_qwen2
+    from rlsdk.data.models import seeded_qwen2, small_qwen2_config
 
     if isinstance(shape, str):
         if shape not in SHAPES:
@@ -135,16 +135,15 @@ def build_shape_policy(
         build_bpe_tokenizer(path if tokenizer_dir is None else tokenizer_dir, spec.vocab_size)
     tokenizer = AutoTokenizer.from_pretrained(path if tokenizer_dir is None else tokenizer_dir)
     eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
-    config = Qwen2Config(
-        vocab_size=spec.vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads,
-        max_position_embeddings=max(2048, 2 * (spec.prompt_tokens + spec.completion_tokens)),
+    config = small_qwen2_config(
+        spec.vocab_size,
+        spec.hidden_size,
+        spec.num_layers,
+        spec.num_heads,
+        spec.intermediate_size,
+        max_positions=max(2048, 2 * (spec.prompt_tokens + spec.completion_tokens)),
+        num_kv_heads=spec.num_kv_heads,
         rope_theta=1_000_000.0,
-        tie_word_embeddings=True,
         eos_token_id=eos,
         pad_token_id=eos,
         bos_token_id=None,

@@ -721,73 +721,53 @@ def _mismatch(
     a, b = present[good[0]], present[bad[0]]
     sides = [_side(states, good[0], a)] + [_side(states, r, present[r]) for r in bad]
     where = f"group {group} seq {seq}"
+
+    def diverge(kind: str, ranks: list[int], message: str) -> Divergence:
+        return Divergence(kind, ranks, group, seq, sides, message)
+
     if a["op"] != b["op"]:
         b_next = by_rank[bad[0]].get(seq + 1)
         a_next = by_rank[good[0]].get(seq + 1)
         if b_next is not None and _signature(b_next) == _signature(a):
-            return Divergence(
+            return diverge(
                 "extra collective",
                 bad,
-                group,
-                seq,
-                sides,
                 f"rank(s) {bad} issued an extra {b['op']} "
                 f"at {b['site']} ({where}) before the {a['op']} the others issued",
             )
         if a_next is not None and _signature(a_next) == _signature(b):
-            return Divergence(
+            return diverge(
                 "extra collective",
                 good,
-                group,
-                seq,
-                sides,
                 f"rank(s) {good} issued an extra {a['op']} at {a['site']} ({where}) that rank(s) {bad} did not",
             )
         a_cond, b_cond = check(str(a.get("site"))), check(str(b.get("site")))
         if b_cond and not a_cond:
-            return Divergence(
+            return diverge(
                 "extra collective",
                 bad,
-                group,
-                seq,
-                sides,
                 f"rank(s) {bad} issued {b['op']} at "
                 f"{b['site']} inside a rank-conditional branch ({where}); the others issued {a['op']}",
             )
         if a_cond and not b_cond:
-            return Divergence(
+            return diverge(
                 "extra collective",
                 good,
-                group,
-                seq,
-                sides,
                 f"rank(s) {good} issued {a['op']} at "
                 f"{a['site']} inside a rank-conditional branch ({where}); rank(s) {bad} issued {b['op']}",
             )
-        return Divergence(
-            "op mismatch",
-            bad,
-            group,
-            seq,
-            sides,
-            f"{where}: rank {good[0]} calls {a['op']}, rank(s) {bad} call {b['op']}",
-        )
+        return diverge("op mismatch", bad, f"{where}: rank {good[0]} calls {a['op']}, rank(s) {bad} call {b['op']}")
+    fields = ("op", "shapes", "dtypes", "reduce_op", "root")
     for key, kind in (
         ("shapes", "shape mismatch"),
         ("dtypes", "dtype mismatch"),
         ("reduce_op", "reduce-op mismatch"),
         ("root", "source mismatch"),
     ):
-        if (
-            _signature(a)[("op", "shapes", "dtypes", "reduce_op", "root").index(key)]
-            != _signature(b)[("op", "shapes", "dtypes", "reduce_op", "root").index(key)]
-        ):
-            return Divergence(
+        if _signature(a)[fields.index(key)] != _signature(b)[fields.index(key)]:
+            return diverge(
                 kind,
                 bad,
-                group,
-                seq,
-                sides,
                 f"{where} {a['op']}: rank {good[0]} {key}={_fmt(a.get(key))}, rank(s) {bad} {key}={_fmt(b.get(key))}",
             )
     raise AssertionError("signatures differ but no field does")  # pragma: no cover

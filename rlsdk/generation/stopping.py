@@ -52,6 +52,14 @@ def token_id_list(value: int | Sequence[int] | None) -> list[int]:
     return [int(value)]
 
 
+def eos_ids_or_default(eos_token_ids: Sequence[int] | None, tokenizer: Any) -> tuple[int, ...]:
+    """``eos_token_ids`` as ints, or when None the tokenizer's one ``eos_token_id`` (none if it has none): what a
+    workflow stops at when the Session has not resolved the model's EOS ids for it."""
+    if eos_token_ids is None:
+        eos_token_ids = token_id_list(getattr(tokenizer, "eos_token_id", None))
+    return tuple(int(i) for i in eos_token_ids)
+
+
 def resolve_special_tokens(path: str | Path, tokenizer: Any = None) -> SpecialTokens:
     """The pad and EOS ids of the model at ``path`` (see the module docstring for the rule).
 

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from rlsdk.algorithms.advantages import check_group_rewards
 from rlsdk.observe.logging import get_logger
 from rlsdk.workflow.rollout import Rollout
 
@@ -70,12 +71,7 @@ def informative_groups(rewards_B: torch.Tensor, group_size: int, *, atol: float 
         ValueError: ``rewards_B`` is not 1-D, ``group_size < 1``, ``B`` is not a multiple of ``group_size``,
             or ``atol`` is negative or not finite.
     """
-    if group_size < 1:
-        raise ValueError(f"group_size={group_size!r} is invalid: allowed >= 1")
-    if rewards_B.dim() != 1:
-        raise ValueError(f"rewards_B must be 1-D [B], got shape {tuple(rewards_B.shape)}")
-    if rewards_B.shape[0] % group_size:
-        raise ValueError(f"rewards_B has {rewards_B.shape[0]} samples, not a multiple of group_size={group_size}")
+    check_group_rewards(rewards_B, group_size)
     if not (math.isfinite(atol) and atol >= 0):
         raise ValueError(f"atol={atol!r} is invalid: allowed a finite number >= 0")
     rewards_G_S = rewards_B.view(-1, group_size)

@@ -23,6 +23,7 @@ import torch
 
 from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams
 from rlsdk.generation.sampling import left_pad
+from rlsdk.generation.stopping import eos_ids_or_default
 from rlsdk.workflow.rollout import Rollout
 
 logger = logging.getLogger(__name__)
@@ -155,10 +156,7 @@ class MultiTurnWorkflow:
         self.call_end = call_end
         self.format_output = format_output
         self.env_errors = env_errors
-        if eos_token_ids is None:
-            eos = getattr(tokenizer, "eos_token_id", None)
-            eos_token_ids = () if eos is None else (eos,)
-        self.eos_token_ids = frozenset(int(i) for i in eos_token_ids)
+        self.eos_token_ids = frozenset(eos_ids_or_default(eos_token_ids, tokenizer))
 
     def _cut(self, ids: list[int]) -> tuple[int, str]:
         """The number of tokens up to and including the first ``call_end``, and their text."""

@@ -10,7 +10,7 @@ import torch
 
 from rlsdk.engine.inference.protocol import InferenceEngine, SamplingParams
 from rlsdk.generation.sampling import left_pad
-from rlsdk.generation.stopping import cut_at_stop
+from rlsdk.generation.stopping import cut_at_stop, eos_ids_or_default
 from rlsdk.workflow.rollout import Rollout
 
 
@@ -38,10 +38,7 @@ class SingleTurnWorkflow:
     def __init__(self, tokenizer: Any, params: SamplingParams, *, eos_token_ids: Sequence[int] | None = None) -> None:
         self.tokenizer = tokenizer
         self.params = params
-        if eos_token_ids is None:
-            eos = getattr(tokenizer, "eos_token_id", None)
-            eos_token_ids = () if eos is None else (eos,)
-        self.eos_token_ids = tuple(int(i) for i in eos_token_ids)
+        self.eos_token_ids = eos_ids_or_default(eos_token_ids, tokenizer)
         # the last request() answer and its key (prompts, group size, params): the Session's look-ahead asks for
         # the next batch, then arun_batch asks again for the same rows; tokenised once
         self._last_request: tuple[tuple[Any, ...], tuple[list[list[int]], list[list[int]], SamplingParams]] | None = (

@@ -36,6 +36,7 @@ methods at all is decided before they run: the server's bearer token (:mod:`rlsd
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from typing import Any
 
 # The directory a server's worker extension loads published weights from (set in the server's environment).
@@ -483,16 +484,14 @@ class WeightSyncExtension:
             except Exception as exc:
                 self._rlsdk_checksum = None
                 return {"error": f"checksum of {path}: {type(exc).__name__}: {exc}"}
-        self._rlsdk_checksum = checksum
-        self._rlsdk_path = path
-        return {
-            "checksum": checksum,
-            "path": path,
-            "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
-            "read_s": read_s,
-            "load_s": load_s,
-            "checksum_s": time.perf_counter() - start - read_s,
-        }
+        return self._rlsdk_served(
+            path,
+            checksum,
+            _nbytes(tensors),
+            read_s=read_s,
+            load_s=load_s,
+            checksum_s=time.perf_counter() - start - read_s,
+        )
 
     def rlsdk_update_weights_inplace(self, path: str) -> dict[str, Any]:
         """Write the weights in the safetensors file at ``path`` into the served model's parameters, in place.
@@ -566,22 +565,20 @@ class WeightSyncExtension:
         except BaseException:
             self._rlsdk_forget_mapped_file()  # the next sync maps the file afresh
             raise
-        self._rlsdk_checksum = hasher.checksum
-        self._rlsdk_path = path
-        return {
-            "checksum": hasher.checksum,
-            "path": path,
-            "bytes": published.nbytes,
-            "direct_bytes": published.direct_bytes,
-            "read_s": read_s,
-            "load_s": load_s,
-            "checksum_s": checksum_s,
-            "worker_s": time.perf_counter() - start,
-            "inplace": True,
-            "mapping_reused": reused,
-            "hash_threads": hasher.threads,
-            "hash_busy_s": hasher.busy_s,
-        }
+        return self._rlsdk_served(
+            path,
+            hasher.checksum,
+            published.nbytes,
+            direct_bytes=published.direct_bytes,
+            read_s=read_s,
+            load_s=load_s,
+            checksum_s=checksum_s,
+            worker_s=time.perf_counter() - start,
+            inplace=True,
+            mapping_reused=reused,
+            hash_threads=hasher.threads,
+            hash_busy_s=hasher.busy_s,
+        )
 
     def _rlsdk_mapped_file(self, path: str) -> tuple[PublishedFile, bool]:
         """The published file at ``path``, mapped, and whether the mapping kept from the last in-place update was
@@ -631,16 +628,21 @@ class WeightSyncExtension:
         except Exception as exc:
             self._rlsdk_checksum = None
             return {"error": f"LoRA adapter {path}: {type(exc).__name__}: {exc}"}
+        return self._rlsdk_served(
+            path, checksum, _nbytes(tensors), adapters=adapters, checksum_s=time.perf_counter() - start
+        )
+
+    def _rlsdk_served(self, path: str, checksum: str | None, nbytes: int, **details: Any) -> dict[str, Any]:
+        """Record ``checksum`` of the weights from ``path`` as what this worker serves (:meth:`rlsdk_weight_info`),
+        and answer the load with them: ``checksum``, ``path``, ``bytes`` and the load's own ``details``."""
         self._rlsdk_checksum = checksum
         self._rlsdk_path = path
-        return {
-            "checksum": checksum,
-            "path": path,
-            "adapters": adapters,
-            "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
-            "checksum_s": time.perf_counter() - start,
-        }
+        return {"checksum": checksum, "path": path, "bytes": nbytes, **details}
 
     def rlsdk_weight_info(self) -> dict[str, Any]:
         """The checksum of the last weights loaded through :meth:`rlsdk_load_weights` (None before the first)."""
         return {"checksum": getattr(self, "_rlsdk_checksum", None), "path": getattr(self, "_rlsdk_path", None)}
+
+
+def _nbytes(tensors: Mapping[str, Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
