@@ -276,6 +276,7 @@ class RunSupervisor:
             publish_dir=self.publish_dir,
             on_line=lambda line: self.inference_line(line, version=engine_version()),
             num_threads=num_threads,
+            device_plan=self.device_plan,
         )
 
     # ------------------------------------------------------------------ child output
