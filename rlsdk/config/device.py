@@ -170,8 +170,10 @@ class DevicePlan:
         return {"CUDA_VISIBLE_DEVICES": ",".join(self.server_gpus)} if self.server_gpus else {}
 
     def server_args(self) -> list[str]:
-        """vLLM flags for a server sharing the GPU with a train rank: a capped memory fraction and sleep mode (its
-        KV cache freed while the rank updates)."""
+        """vLLM flags for a server sharing the GPU with a train rank: a capped memory fraction and sleep mode (so
+        its KV cache can be freed while the rank updates)."""
+        # TODO(gpu): put the server to sleep around an update (POST /sleep, /wake_up): the engines' before_train /
+        # after_train hooks are synchronous, and an unawaited sleep could still hold the memory the update needs.
         if not self.shares_gpu:
             return []
         return ["--gpu-memory-utilization", str(SHARED_GPU_MEMORY_UTILIZATION), "--enable-sleep-mode"]
