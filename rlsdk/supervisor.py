@@ -99,6 +99,7 @@ class RunSupervisor:
         self.launcher: Any = None
         self.publish: PublishDir | None = None
         self.publish_dir: str | None = None
+        self.device_plan: Any = None  # rlsdk.config.device.DevicePlan of the running ranks (set by open_channel)
         self.runtime_dir: Any = None  # SessionRuntimeDir: private sockets and rendezvous files of one start
         self.failure: BaseException | None = None
         self.closing = False
@@ -136,6 +137,7 @@ class RunSupervisor:
         from rlsdk.control.protocol import new_session_secret
         from rlsdk.launch.local import rank_environment
         from rlsdk.launch.rendezvous import control_host, one_machine_environment
+        from rlsdk.preflight import device_plan
         from rlsdk.runtime_dir import SessionRuntimeDir
 
         cfg = self.config
@@ -162,6 +164,7 @@ class RunSupervisor:
         )
         await self.channel.start()
         dir_mode, _ = output_modes(cfg.observe.output_mode)
+        self.device_plan = device_plan(cfg)
         return rank_environment(
             os.environ,
             {
@@ -180,6 +183,7 @@ class RunSupervisor:
                 WEIGHTS_DIR_ENV: self.publish_dir,  # for vLLM replicas a cluster job starts
                 "RLSDK_UMASK": oct(0o777 & ~dir_mode),  # what the ranks write gets observe.output_mode
                 **(one_machine_environment(self.runtime_dir.path) if cfg.launch.scheduler == "local" else {}),
+                **self.device_plan.rank_environment(tracer=cfg.launch.tracer),  # RLSDK_DEVICE, the ranks' GPUs
             },
         )
 
@@ -272,6 +276,7 @@ class RunSupervisor:
             publish_dir=self.publish_dir,
             on_line=lambda line: self.inference_line(line, version=engine_version()),
             num_threads=num_threads,
+            device_plan=self.device_plan,
         )
 
     # ------------------------------------------------------------------ child output

@@ -12,6 +12,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Literal
 
+from rlsdk.config.device import GLOO, NCCL, CpuBackend, DeviceChoice
 from rlsdk.config.errors import ConfigError
 from rlsdk.config.validate import check_types, require
 
@@ -51,7 +52,8 @@ class LaunchConfig:
 
     Attributes:
         num_ranks: Train ranks (processes) to start, 1..64.
-        backend: torch.distributed backend; only 'gloo' (CPU) for now.
+        backend: torch.distributed backend of CPU tensors: gloo, the only one. CUDA ranks (see device) use NCCL
+            for CUDA tensors and this backend for CPU ones.
         threads_per_rank: torch intra-op threads per rank, >= 1.
         start_timeout_s: Seconds to wait for every rank to report ready, > 0.
         heartbeat_interval_s: Seconds between rank heartbeats, > 0.
@@ -110,10 +112,13 @@ class LaunchConfig:
             command, died or are blocked for good; see docs/howto/debug-hang.md) seen on two checks in a row is
             reported at once as hang_policy says, without waiting for hang_timeout_s. Uncertain states (a
             straggler) still wait for hang_timeout_s. None = no live checks; else > 0.
+        device: Where the train ranks compute: 'auto' (default: 'cuda' when the ranks would see a GPU, i.e. torch
+            sees one on this machine for scheduler 'local', gpus_per_node > 0 for 'slurm' and 'ray'; else 'cpu'),
+            'cpu' (gloo), or 'cuda' (one GPU per rank, NCCL). See docs/howto/gpu.md.
     """
 
     num_ranks: int = 2
-    backend: Literal["gloo"] = "gloo"
+    backend: CpuBackend = GLOO
     threads_per_rank: int = 1
     start_timeout_s: float = 180.0
     heartbeat_interval_s: float = 1.0
@@ -145,10 +150,28 @@ class LaunchConfig:
     simulate_nodes_on_loopback: bool = False
     shm_allreduce: bool = True
     trace_poll_s: float | None = 1.0
+    device: DeviceChoice = "auto"
+    """Where the train ranks compute: 'auto' ('cuda' when the ranks would see a GPU: torch sees one on this machine
+    for scheduler 'local', gpus_per_node > 0 for 'slurm' and 'ray'; else 'cpu'), 'cpu' (gloo) or 'cuda' (one GPU
+    per rank, NCCL; 'slurm' and 'ray' need gpus_per_node > 0, 'local' a CUDA device, checked at start)."""
 
     def __post_init__(self) -> None:
+        if self.backend == NCCL:  # before the type check: say how NCCL is chosen, not only what backend allows
+            raise ConfigError(
+                "LaunchConfig.backend",
+                self.backend,
+                f"{GLOO!r} (the backend of CPU tensors); CUDA ranks use NCCL for CUDA tensors: set "
+                "launch.device='cuda' (or 'auto' where the ranks see a GPU)",
+            )
         check_types(self)
         require(self, "num_ranks", 1 <= self.num_ranks <= 64, "an int in [1, 64]")
+        require(
+            self,
+            "device",
+            self.device != "cuda" or self.scheduler == "local" or self.gpus_per_node > 0,
+            f"'auto' or 'cpu' with gpus_per_node=0 and scheduler={self.scheduler!r} (the nodes get no GPU), or "
+            "'cuda' with gpus_per_node >= ranks per node",
+        )
         self._check_topology()
         require(self, "hang_timeout_s", self.hang_timeout_s is None or self.hang_timeout_s > 0, "None or a float > 0")
         require(self, "pg_timeout_s", self.pg_timeout_s is None or self.pg_timeout_s > 0, "None or a float > 0")

@@ -28,6 +28,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from rlsdk.config.device import GLOO
+
 if TYPE_CHECKING:
     from rlsdk.engine.train.shm_allreduce import SharedMemoryAllreduce
 
@@ -861,7 +863,7 @@ def install(*, shm_allreduce: bool | None = None) -> None:
 
 
 def _accept_traced_monitored_barrier() -> None:
-    """Let ``dist.monitored_barrier`` run on traced groups: torch rejects every backend name but "gloo" before it
+    """Let ``dist.monitored_barrier`` run on traced groups: torch rejects every backend name but gloo's before it
     calls the group's own ``monitored_barrier``, which a traced group forwards to gloo. Other groups take
     torch's function unchanged. Code that imported the function by name before :func:`install` keeps torch's
     (call ``group.monitored_barrier(timeout, wait_all_ranks=...)`` there)."""
@@ -880,7 +882,7 @@ def _accept_traced_monitored_barrier() -> None:
         if c10d._rank_not_in_group(pg) or dist.get_backend(pg) != BACKEND:
             return original(group, timeout, wait_all_ranks)
         if timeout is None:
-            timeout = c10d._get_default_timeout(dist.Backend.GLOO)
+            timeout = c10d._get_default_timeout(GLOO)
         elif isinstance(timeout, (int, float)):
             timeout = datetime.timedelta(seconds=timeout)
         return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
@@ -895,10 +897,10 @@ def init_traced_process_group(
 ) -> None:
     """Create the default (WORLD) process group on the ``traced`` backend from the torchrun environment.
 
-    Call it before ``Accelerator(cpu=True)``: accelerate then uses the existing group (it refuses the backend
-    name itself). ``timeout_s`` is the process-group timeout (``None``: torch's default). ``record=False``
-    turns the recording off (the group only forwards, and all-reduces through shared memory with
-    ``shm_allreduce``, see :func:`install`). ``store``: the c10d store the ranks meet through (e.g.
+    Call it before the rank's ``Accelerator`` (:func:`rlsdk.config.device.accelerator_kwargs`): accelerate then uses
+    the existing group (it refuses the backend name itself). ``timeout_s`` is the process-group timeout (``None``:
+    torch's default). ``record=False`` turns the recording off (the group only forwards, and all-reduces through
+    shared memory with ``shm_allreduce``, see :func:`install`). ``store``: the c10d store the ranks meet through (e.g.
     :func:`rlsdk.launch.rendezvous.rank_store`); ``None`` = ``env://`` (``MASTER_ADDR``/``MASTER_PORT``).
     """
     import torch.distributed as dist

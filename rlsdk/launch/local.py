@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from rlsdk.config.device import Device, accelerate_launch_args, rank_device
 from rlsdk.launch.supervised import RankProcessError, SupervisedLauncher, root_cause
 from rlsdk.observe.logging import get_logger
 from rlsdk.procutil import free_port, pump_lines, start_in_own_session
@@ -29,35 +30,36 @@ __all__ = [
 logger = get_logger(__name__)
 
 
-def accelerate_command(num_ranks: int, module: str = "rlsdk.worker", *, file_rendezvous: bool = False) -> list[str]:
-    """The ``accelerate launch`` command line for ``num_ranks`` CPU ranks on this machine.
+def accelerate_command(
+    num_ranks: int, module: str = "rlsdk.worker", *, file_rendezvous: bool = False, device: Device = "cpu"
+) -> list[str]:
+    """The ``accelerate launch`` command line for ``num_ranks`` ranks on this machine, on ``device``.
 
-    ``--cpu`` would start one process (multi-process CPU needs MPI there); ``--multi_gpu`` with
-    ``Accelerator(cpu=True)`` in the rank gives N gloo ranks. Port 0 lets accelerate pick a free port (a busy
-    default port would switch it to a "standalone" TCP rendezvous). accelerate refuses ``--multi_gpu`` with one
-    process: one rank runs with ``--cpu`` (its plain launcher sets no torchrun variables;
-    :func:`single_rank_environment` gives them). Run through :mod:`rlsdk.launch.accelerate_entry`: accelerate's
-    own launch code, with the parent-death signal set, rlsdk's file rendezvous registered and without interpreter
-    teardown at exit. ``file_rendezvous``: torchrun's rendezvous in files of ``$RLSDK_RENDEZVOUS_DIR`` (no TCP
-    store; :mod:`rlsdk.launch.rendezvous`).
+    The device flags come from :func:`rlsdk.config.device.accelerate_launch_args`: on CPU, ``--cpu`` would start
+    one process (multi-process CPU needs MPI there), so ``--multi_gpu`` with the rank's CPU ``Accelerator`` gives N
+    gloo ranks. Port 0 lets accelerate pick a free port (a busy default port would switch it to a "standalone" TCP
+    rendezvous). accelerate refuses ``--multi_gpu`` with one process: one rank runs under accelerate's plain
+    launcher (which sets no torchrun variables; :func:`single_rank_environment` gives them). Run through
+    :mod:`rlsdk.launch.accelerate_entry`: accelerate's own launch code, with the parent-death signal set, rlsdk's
+    file rendezvous registered and without interpreter teardown at exit. ``file_rendezvous``: torchrun's rendezvous
+    in files of ``$RLSDK_RENDEZVOUS_DIR`` (no TCP store; :mod:`rlsdk.launch.rendezvous`).
     """
     rendezvous = ["--rdzv_backend", "rlsdk-file"] if file_rendezvous else []
+    device_args = accelerate_launch_args(device, num_ranks)
     if num_ranks == 1:
         return [
             sys.executable, "-m", "rlsdk.launch.accelerate_entry",
-            "--cpu",
+            *device_args,
             "--num_processes", "1",
             "--num_machines", "1",
-            "--mixed_precision", "no",
             "--dynamo_backend", "no",
             "-m", module,
         ]  # fmt: skip
     return [
         sys.executable, "-m", "rlsdk.launch.accelerate_entry",
-        "--multi_gpu",
+        *device_args,
         "--num_processes", str(num_ranks),
         "--num_machines", "1",
-        "--mixed_precision", "no",
         "--dynamo_backend", "no",
         "--main_process_port", "0",
         *rendezvous,
@@ -88,7 +90,9 @@ class LocalLauncher(SupervisedLauncher):
         (:mod:`rlsdk.launch.rendezvous`)."""
         from rlsdk.launch.rendezvous import RLSDK_RENDEZVOUS_DIR
 
-        cmd = accelerate_command(num_ranks, module, file_rendezvous=bool(env.get(RLSDK_RENDEZVOUS_DIR)))
+        cmd = accelerate_command(
+            num_ranks, module, file_rendezvous=bool(env.get(RLSDK_RENDEZVOUS_DIR)), device=rank_device(env)
+        )
         logger.debug("launching: %s", " ".join(cmd))
         env = {**env, **single_rank_environment()} if num_ranks == 1 else dict(env)
         proc = await start_in_own_session(cmd, env)

@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from rlsdk.config.device import GLOO
 from rlsdk.procutil import free_port
 
 
@@ -77,7 +78,7 @@ def _init_group_then_call(rank: int, world_size: int, fn: Callable[..., Any], ba
 
 
 def run_in_process_group(
-    fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo", timeout_s: float = 120.0
+    fn: Callable[..., Any], world_size: int, *args: Any, backend: str = GLOO, timeout_s: float = 120.0
 ) -> list[Any]:
     """``run_gloo_ranks`` with the default process group (``backend``) initialised on every rank first.
 

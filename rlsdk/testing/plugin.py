@@ -65,7 +65,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if gpu_items and not _cuda_available():
         for item in gpu_items:
-            item.add_marker(pytest.mark.skip(reason="gpu: no CUDA device on this machine"))
+            item.add_marker(pytest.mark.skip(reason="gpu: requires a CUDA device: torch.cuda.is_available() is False"))
 
 
 def pytest_deselected(items: Sequence[pytest.Item]) -> None:

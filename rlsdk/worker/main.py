@@ -1,8 +1,8 @@
 """The rank's command loop.
 
 Start-up order matters: set the parent-death signal first (so a dead launcher takes this rank with it),
-connect the control channel and ship logs, then create the process group through
-``Accelerator(cpu=True)`` (without ``cpu=True`` every CPU rank silently believes it is rank 0).
+connect the control channel and ship logs, then create the process group and the ``Accelerator`` for the device
+the launcher chose (``$RLSDK_DEVICE``, :mod:`rlsdk.config.device`: CPU on gloo, or one CUDA GPU per rank on NCCL).
 Commands arrive with sequence numbers and run in that order on every rank (SPMD).
 """
 
@@ -14,13 +14,16 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rlsdk.debug.tracer import set_command
 from rlsdk.launch.pdeathsig import set_parent_death_signal
 from rlsdk.observe.logging import get_logger, install_rank_logging, set_log_context
+
+if TYPE_CHECKING:
+    from rlsdk.config.device import Device
 
 logger = get_logger(__name__)
 
@@ -212,7 +215,10 @@ def main() -> None:
     try:
         from accelerate import Accelerator
 
-        accelerator = Accelerator(cpu=True, kwargs_handlers=_process_group(channel))
+        from rlsdk.config.device import accelerator_kwargs, rank_device
+
+        device = rank_device()
+        accelerator = Accelerator(**accelerator_kwargs(device), kwargs_handlers=_process_group(channel, device))
         if accelerator.process_index != rank or accelerator.num_processes != world_size:
             raise RuntimeError(
                 f"accelerate reports rank {accelerator.process_index}/{accelerator.num_processes}, "
@@ -269,14 +275,20 @@ def _serve(channel: Any, worker: Worker) -> None:
             set_command(None, None)
 
 
-def _process_group(channel: Any) -> list[Any]:
-    """Create the default process group before accelerate does: on the ``traced`` backend when
+def _process_group(channel: Any, device: Device = "cpu") -> list[Any]:
+    """Create the default process group before accelerate does: on CPU on the ``traced`` backend when
     ``RLSDK_TRACER=1`` or ``RLSDK_SHM_ALLREDUCE=1`` (accelerate refuses other backend names but uses an existing
     group; without the tracer the group records nothing and only routes all-reduces through shared memory),
     with the ``RLSDK_PG_TIMEOUT_S`` timeout. On one machine the group meets through a file store in the session's
     private directory (:mod:`rlsdk.launch.rendezvous`), never a TCP store. Returns accelerate's kwargs handlers
-    when accelerate creates a plain gloo group itself (``env://``, several machines)."""
+    when accelerate creates a plain group itself (``env://``, several machines).
+
+    On CUDA (``device``) the traced backend and the shared-memory all-reduce, both CPU-only, are not used: the
+    rank takes its GPU (``cuda:LOCAL_RANK``) and NCCL's own Flight Recorder records the collectives
+    (``TORCH_NCCL_TRACE_BUFFER_SIZE``, set by the launcher with the tracer)."""
     import datetime
+
+    from rlsdk.config.device import local_device, process_group_backend
 
     timeout_text = os.environ.get("RLSDK_PG_TIMEOUT_S", "")
     timeout_s = float(timeout_text) if timeout_text else None
@@ -288,17 +300,25 @@ def _process_group(channel: Any) -> list[Any]:
     record = os.environ.get("RLSDK_TRACER") == "1"
     shm_allreduce = os.environ.get("RLSDK_SHM_ALLREDUCE") == "1"
     store = rank_store(int(os.environ["WORLD_SIZE"]), timeout)
-    if record or shm_allreduce:
+    if device == "cuda":
+        torch.cuda.set_device(local_device(device, int(os.environ.get("LOCAL_RANK", "0"))))
+    elif record or shm_allreduce:
         from rlsdk.debug.tracer import init_traced_process_group
 
         init_traced_process_group(timeout_s, record=record, shm_allreduce=shm_allreduce, store=store)
         return []
-    if store is not None:
+    if store is not None or device == "cuda":
+        # On CUDA also over env:// (several machines): accelerate would make an NCCL-only group, without the CPU
+        # path object collectives need.
         import torch.distributed as dist
 
         kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
-        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, **kwargs)
+        backend = process_group_backend(device)
+        if store is None:
+            dist.init_process_group(backend, init_method="env://", **kwargs)
+        else:
+            rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, **kwargs)
         return []
     if timeout is None:
         return []

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 from rlsdk import RankError, Session, SessionConfig, StaleRolloutError
 from rlsdk.config import ConfigError, ModelConfig
@@ -129,15 +130,16 @@ def test_session_with_one_rank_runs_a_verified_step_and_leaves_no_process(small_
 
     config = dataclasses.replace(small_config, launch=dataclasses.replace(small_config.launch, num_ranks=1))
 
-    async def scenario() -> tuple[int, dict, list[int]]:
+    async def scenario() -> tuple[int, dict, list[int], str]:
         async with await Session.start(config) as session:
             pids = [info["pid"] for info in session.rank_info.values()] + [session._run.launcher.proc.pid]
             await session.update(await session.reward(await session.rollout(), reward))
             info = await session.sync_weights()
-            return info.version, dict(session.rank_info), pids
+            return info.version, dict(session.rank_info), pids, session._run.device_plan.device
 
-    version, ranks, pids = asyncio.run(scenario())
+    version, ranks, pids, device = asyncio.run(scenario())
 
     assert version == 1
+    assert config.launch.device == "auto" and device == ("cuda" if torch.cuda.is_available() else "cpu")
     assert list(ranks) == [0] and ranks[0]["world_size"] == 1
     assert not any(_alive(pid) for pid in pids)

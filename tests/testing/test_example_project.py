@@ -37,7 +37,7 @@ def test_example_project_run_ends_with_skipped_suites_report(tmp_path: Path) -> 
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
     report = out[out.index(REPORT_TITLE) :]
-    assert "- gpu: no CUDA device on this machine (1): test_distributed.py (1)" in report
+    assert "- gpu: requires a CUDA device: torch.cuda.is_available() is False (1): test_distributed.py (1)" in report
     if _vllm_installed():  # `make test` installs the vllm extra: the example's vllm test then runs
         assert "5 passed, 1 skipped" in out
         assert "Skipped: 1 test(s):" in report

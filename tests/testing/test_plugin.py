@@ -14,8 +14,8 @@ from rlsdk.testing.plugin import MARKERS, skipped_suites_report
 
 def test_skipped_suites_report_groups_skips_by_reason_with_files() -> None:
     skips = [
-        ("tests/a.py::test_x", "gpu: no CUDA device on this machine"),
-        ("tests/a.py::test_y", "gpu: no CUDA device on this machine"),
+        ("tests/a.py::test_x", "gpu: requires a CUDA device: torch.cuda.is_available() is False"),
+        ("tests/a.py::test_y", "gpu: requires a CUDA device: torch.cuda.is_available() is False"),
         ("tests/b.py::test_z", "needs vllm"),
     ]
     selected = {"tests/a.py::test_x": {"gpu"}, "tests/c.py::test_ok": {"distributed"}}
@@ -23,7 +23,7 @@ def test_skipped_suites_report_groups_skips_by_reason_with_files() -> None:
     lines = skipped_suites_report(skips, selected, deselected=2, markexpr="not slow")
 
     assert lines[0] == "Skipped: 3 test(s):"
-    assert lines[1] == "- gpu: no CUDA device on this machine (2): tests/a.py (2)"
+    assert lines[1] == "- gpu: requires a CUDA device: torch.cuda.is_available() is False (2): tests/a.py (2)"
     assert lines[2] == "- needs vllm (1): tests/b.py (1)"
     assert lines[3] == "Deselected by -m 'not slow': 2 test(s) not run."
     assert lines[4] == "Markers with no test run: slow, notebook, vllm, gpu, multinode, security."

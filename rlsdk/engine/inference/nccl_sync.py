@@ -35,8 +35,8 @@ producer/consumer is the next step for models with many small tensors.
 Import-safe on CPU: torch's CUDA parts and vLLM are imported inside the functions that use them. Not run here:
 these machines have no GPU, so only the controller half, the rank command's steps (CUDA parts replaced by fakes)
 and the timeout helper are tested (tests/launch/test_nccl_sync.py, tests/launch/test_weight_transfer_select.py);
-the GPU tests are marked ``gpu`` and skipped with that reason. The train ranks themselves still run on CPU
-(``launch.backend='gloo'``), so rank 0 copies the gathered weights to its GPU before each broadcast.
+the GPU tests are marked ``gpu`` and skipped with that reason. Train ranks on CPU (``launch.device='cpu'``, see
+:mod:`rlsdk.config.device`) have rank 0 copy the gathered weights to its GPU before each broadcast.
 """
 
 from __future__ import annotations

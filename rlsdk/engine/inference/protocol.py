@@ -106,7 +106,8 @@ class EngineContext:
     launcher (a cluster job may run the engine's server, e.g. Slurm's vLLM replicas); ``runtime_dir``: the
     Session's private directory for sockets; ``publish_dir``: where the trainer publishes weights; ``on_line``: shows
     a line a child process printed in the Session's log stream; ``num_threads``: torch threads the controller had
-    before the Session lowered its own (an in-process engine's default).
+    before the Session lowered its own (an in-process engine's default); ``device_plan``: where the ranks and a
+    server the engine starts on this machine run (:class:`rlsdk.config.device.DevicePlan`; None: CPU as before).
     """
 
     config: Any
@@ -117,6 +118,7 @@ class EngineContext:
     publish_dir: str | None = None
     on_line: Callable[[str], None] | None = None
     num_threads: int | None = None
+    device_plan: Any = None
 
 
 @runtime_checkable

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -207,6 +207,7 @@ class VLLMEngine(EngineLifecycle):
         special_tokens: SpecialTokens | None = None,
         lora_rank: int = 0,
         dtype: str = "float32",
+        server_env: Mapping[str, str] | None = None,
     ) -> VLLMEngine:
         """Start a vLLM server for ``model_path`` and return an engine serving v0 in ``dtype``
         ('float32', 'bfloat16' or 'float16').
@@ -217,7 +218,8 @@ class VLLMEngine(EngineLifecycle):
         directory; None = any private rlsdk publish directory of this user). See
         :meth:`~rlsdk.engine.inference.vllm_server.VLLMServer.start`. ``special_tokens``: the pad and EOS ids
         (default: resolved from ``model_path``, see :func:`~rlsdk.engine.inference.stopping.resolve_special_tokens`);
-        every EOS id stops a completion.
+        every EOS id stops a completion. ``server_env``: variables added to the server's environment (its GPUs:
+        :meth:`rlsdk.config.device.DevicePlan.server_environment`).
 
         ``lora_rank > 0`` (``train.lora_rank``): the server also serves one LoRA adapter of that rank
         (``--enable-lora``, runtime adapter loading), and every sync loads the trainer's adapter instead of
@@ -227,7 +229,8 @@ class VLLMEngine(EngineLifecycle):
             ValueError: the model's head size is not supported by vLLM's CPU attention (checked before start).
             InferenceServerError: the server exited during start-up or was not healthy in ``start_timeout_s``.
         """
-        check_cpu_head_size(model_path)
+        if not _cuda_available():  # vLLM's CPU attention serves: only some head sizes
+            check_cpu_head_size(model_path)
         # Default: vLLM's reload (oneDNN-packed weights: fastest generation). InPlaceWeightTransfer syncs faster but
         # its plain F.linear weights generate slower on CPU (docs/howto/vllm.md has the measured trade-off).
         transfer = transfer if transfer is not None else FileWeightTransfer()
@@ -243,7 +246,11 @@ class VLLMEngine(EngineLifecycle):
             runtime_dir=runtime_dir,
             weights_dir=weights_dir,
             # /v1/load_lora_adapter exists only with this; only a LoRA run's server enables it.
-            env={**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if lora_rank > 0 else None,
+            env={
+                **os.environ,
+                **(server_env or {}),
+                **({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if lora_rank > 0 else {}),
+            },
             dtype=dtype,
         )
         engine = cls(
@@ -296,11 +303,13 @@ class VLLMEngine(EngineLifecycle):
         }
         if url is not None:
             return await cls.attach(url, cfg.model.path, token=token, **common)
+        plan = context.device_plan  # on CUDA: the server's GPUs; sharing the rank's card, a memory cap and sleep mode
         return await cls.start(
             cfg.model.path,
             kv_cache_gib=inference.kv_cache_gib,
             max_model_len=inference.max_model_len,
-            extra_server_args=inference.extra_server_args,
+            extra_server_args=[*(plan.server_args() if plan else ()), *inference.extra_server_args],
+            server_env=plan.server_environment() if plan else None,
             start_timeout_s=inference.server_start_timeout_s,
             on_line=context.on_line,
             runtime_dir=context.runtime_dir,

@@ -277,6 +277,7 @@ class TrainEngine:
                 config.model.path, dtype=_DTYPES[config.model.dtype]
             ).eval()
             self.ref_model.requires_grad_(False)
+            self.ref_model.to(accelerator.device)  # not prepared by accelerate: placed here
         logger.info(
             "train engine ready: %s, %d parameters (%d trained), distributed type %s",
             Path(config.model.path).name,
@@ -394,6 +395,7 @@ class TrainEngine:
             # freed pages, which would sit under this update's peak.
             release_freed_memory()
         train = self.config.train
+        shard = self.on_device(shard)
         bounds = minibatch_bounds(shard["completion_ids_B_C"].shape[0], train.mini_batch_size, self.world_size)
         if minibatches is None and len(bounds) == 1:
             minibatches = [(num_tokens_global, num_sequences_global)]
@@ -408,8 +410,8 @@ class TrainEngine:
             shard = dict(shard)
             shard["old_logprobs_B_C"], agreement = self.proximal_logprobs(shard)
         num_sums = len(_SUM_KEYS)
-        sums = torch.zeros(num_sums, dtype=torch.float64)
-        maxima = torch.full((len(_MAX_KEYS),), float("-inf"), dtype=torch.float64)
+        sums = torch.zeros(num_sums, dtype=torch.float64, device=self.accelerator.device)
+        maxima = torch.full((len(_MAX_KEYS),), float("-inf"), dtype=torch.float64, device=self.accelerator.device)
         grad_norms: list[torch.Tensor] = []
         lr = self.schedule.lr()
         report = self.on_progress
@@ -450,6 +452,11 @@ class TrainEngine:
         if with_checksum:
             result_dict["checksum"] = self.weight_info()["checksum"]
         return result_dict
+
+    def on_device(self, shard: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``shard`` on the ranks' device (the controller sends CPU tensors); the same tensors on CPU."""
+        device = self.accelerator.device
+        return {name: tensor.to(device) for name, tensor in shard.items()}
 
     @property
     def world_size(self) -> int:
@@ -519,7 +526,7 @@ class TrainEngine:
         valid_B_C = _agreement_tokens(shard)
         log_ratio_B_C = torch.where(valid_B_C, old_B_C.double() - shard["logprobs_B_C"].double(), 0.0)
         ratio_B_C = log_ratio_B_C.exp()
-        neg_inf = torch.tensor(float("-inf"), dtype=torch.float64)
+        neg_inf = torch.tensor(float("-inf"), dtype=torch.float64, device=self.accelerator.device)
         sums = torch.stack([log_ratio_B_C.abs().sum(), log_ratio_B_C.expm1().square().sum(), valid_B_C.sum().double()])
         maxima = torch.stack(
             [
@@ -535,7 +542,7 @@ class TrainEngine:
         gradients. Returns the gradient norm before clipping (NaN without clipping), on the device: no host sync.
         The SFT step steps through it alone (its learning rate is the caller's); the RL update through
         :meth:`_optimizer_step`, which also steps ``train.lr_scheduler``."""
-        grad_norm = torch.tensor(float("nan"))
+        grad_norm = torch.tensor(float("nan"), device=self.accelerator.device)
         max_norm = self.config.train.max_grad_norm
         if max_norm is not None:
             if self.fsdp2:
@@ -585,6 +592,7 @@ class TrainEngine:
         the loss already needs, on the device, with no extra host sync.
         """
         batch_size = self._check_update_shard(shard)
+        shard = self.on_device(shard)
         world = self.accelerator.num_processes
         algo = self.config.algorithm.resolved()
         if num_sequences_global is None:
@@ -592,8 +600,8 @@ class TrainEngine:
         denom = num_tokens_global / world
         seq_denom = num_sequences_global / world
         self.model.train()
-        sums = torch.zeros(len(_SUM_KEYS), dtype=torch.float64)
-        maxima = torch.full((len(_MAX_KEYS),), float("-inf"), dtype=torch.float64)
+        sums = torch.zeros(len(_SUM_KEYS), dtype=torch.float64, device=self.accelerator.device)
+        maxima = torch.full((len(_MAX_KEYS),), float("-inf"), dtype=torch.float64, device=self.accelerator.device)
         micro_batches = self._micro_batches(shard)
         if self.on_progress is not None:
             self.on_progress(0, len(micro_batches))
@@ -688,14 +696,18 @@ class TrainEngine:
         """One micro-batch's ``(sums, maxima)`` in ``_SUM_KEYS`` / ``_MAX_KEYS`` order, float64, on the device: the
         loss's metrics, the entropy, and the trainer-vs-engine agreement over :func:`_agreement_tokens`."""
         mask_B_C = mb["completion_mask_B_C"]
-        entropy_sum = (entropy_B_C.detach() * mask_B_C).sum() if entropy_B_C is not None else torch.zeros(())
+        entropy_sum = (
+            (entropy_B_C.detach() * mask_B_C).sum()
+            if entropy_B_C is not None
+            else torch.zeros((), device=mask_B_C.device)
+        )
         with torch.no_grad():
             valid_B_C = _agreement_tokens(mb)
             log_ratio_B_C = logprobs_B_C.detach().double() - mb["logprobs_B_C"].double()
             absdiff_B_C = torch.where(valid_B_C, log_ratio_B_C.abs(), 0.0)
             ratio_B_C = torch.where(valid_B_C, log_ratio_B_C.exp(), 0.0)
             ratio_dev_B_C = torch.where(valid_B_C, log_ratio_B_C.expm1(), 0.0)  # ratio - 1, no cancellation
-            neg_inf = torch.tensor(float("-inf"), dtype=torch.float64)
+            neg_inf = torch.tensor(float("-inf"), dtype=torch.float64, device=mask_B_C.device)
             maxima = torch.stack(
                 [
                     torch.where(valid_B_C, absdiff_B_C, neg_inf).max(),
@@ -759,9 +771,10 @@ class TrainEngine:
         batch_size = shard["completion_ids_B_C"].shape[0]
         if batch_size == 0:
             raise ValueError("sft_update shard is empty: every rank needs at least one sequence")
+        shard = self.on_device(shard)
         denom = num_tokens_global / self.accelerator.num_processes
         self.model.train()
-        sums = torch.zeros(2, dtype=torch.float64)
+        sums = torch.zeros(2, dtype=torch.float64, device=self.accelerator.device)
         micro_batches = self._micro_batches(shard)  # the RL update's: token budget and count agreed by the ranks
         # Temperature 1: the model's own distribution (rollout.temperature is a sampling setting).
         logits_options = {**self._logits_options(), "temperature": 1.0}
