@@ -31,18 +31,6 @@ _GROUP_RELATIVE = {
 class SessionConfig:
     """Everything a Session needs; each section is validated by its own class.
 
-    Attributes:
-        model: The policy model (required).
-        launch: Train-rank processes and their supervision.
-        inference: The inference engine.
-        train: Optimizer and training loop.
-        algorithm: Policy-gradient algorithm.
-        rollout: Sampling and staleness policy.
-        data: Prompt data set.
-        observe: Logs, metrics and artifacts.
-        seed: Seed for data order, sampling and initialisation, >= 0.
-        run_name: Name of the run, shown in logs and metrics.
-
     Across sections: ``launch.num_ranks`` <= ``data.prompts_per_step`` x ``rollout.group_size`` (every rank
     trains on at least one sample per step); a group-relative advantage ('grpo', 'dr_grpo', 'rloo',
     'reinforce_pp_baseline') needs ``rollout.group_size`` >= 2;
@@ -53,16 +41,26 @@ class SessionConfig:
     """
 
     model: ModelConfig
+    """The policy model (required)."""
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    """Train-rank processes and their supervision."""
     inference: InferenceConfig = field(default_factory=InferenceConfig)
+    """The inference engine."""
     train: TrainConfig = field(default_factory=TrainConfig)
+    """Optimizer and training loop."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Policy-gradient algorithm."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Sampling and staleness policy."""
     data: DataConfig = field(default_factory=DataConfig)
+    """Prompt data set."""
     observe: ObserveConfig = field(default_factory=ObserveConfig)
+    """Logs, metrics and artifacts."""
     seed: int = 0
+    """Seed for data order, sampling and initialisation, >= 0."""
     # TODO(config): constrain run_name (non-empty? path-safe?) once observe/ decides how it is used.
     run_name: str = "run"
+    """Name of the run, shown in logs and metrics."""
 
     def __post_init__(self) -> None:
         check_types(self)
