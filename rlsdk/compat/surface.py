@@ -142,7 +142,11 @@ def _describe(obj: Any, configs: set[type]) -> dict[str, Any]:
 
 
 def _members(cls: type, *, skip_fields: bool) -> dict[str, Any]:
+    from rlsdk.config.aliases import moves_of
+
     fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    if skip_fields:  # a config's moved-field aliases are guarded with its fields, as deprecations of the schema
+        fields |= {move.old for move in moves_of(cls)}
     members: dict[str, Any] = {} if skip_fields else {name: {"kind": "field"} for name in sorted(fields)}
     for klass in reversed(cls.__mro__):
         if not klass.__module__.startswith("rlsdk"):

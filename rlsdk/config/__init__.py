@@ -14,12 +14,13 @@ from rlsdk.config.components import (
     RolloutConfig,
     TrainConfig,
 )
-from rlsdk.config.errors import ConfigError
+from rlsdk.config.errors import ConfigDeprecationWarning, ConfigError
 from rlsdk.config.io import config_from_dict, config_to_dict, load_config, merge_overrides, save_config
 from rlsdk.config.session import SessionConfig
 
 __all__ = [
     "AlgorithmConfig",
+    "ConfigDeprecationWarning",
     "ConfigError",
     "DataConfig",
     "InferenceConfig",
