@@ -3,6 +3,8 @@
 Field order in every class: required, common optional, rare optional, internal. Each field's docstring sits right
 under it (what the field does, the values allowed), as torchtitan's ``job_config.py`` does: the generated config
 reference (docs/hooks.py) and ``rlsdk run RECIPE --help`` read them there, and a test fails on a field without one.
+Options that only one backend reads live in that backend's own section (``inference.vllm``, ``launch.slurm``); their
+old flat names (``inference.kv_cache_gib``) keep working, with a warning, until the release ``moved_fields`` names.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Literal
 
+from rlsdk.config.aliases import moved_fields
 from rlsdk.config.errors import ConfigError
 from rlsdk.config.validate import check_types, require
 
@@ -44,6 +47,73 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _require_name(cfg: object, name: str) -> None:
+    value = getattr(cfg, name)
+    ok = value is None or (value.strip() != "" and " " not in value)
+    require(cfg, name, ok, "None or a non-empty name without spaces")
+
+
+@dataclass
+class SlurmConfig:
+    """The sbatch job of ``launch.scheduler='slurm'`` (docs/howto/scaling.md): one task per node, each running
+    ``accelerate launch`` for that node's ranks through srun."""
+
+    partition: str | None = None
+    """sbatch --partition; None = the cluster's default. Non-empty, without spaces."""
+    account: str | None = None
+    """sbatch --account; None = the user's default. Non-empty, without spaces."""
+    time: str = "01:00:00"
+    """sbatch --time, in a Slurm time format: 'MM', 'MM:SS', 'HH:MM:SS', 'D-HH', 'D-HH:MM' or 'D-HH:MM:SS'."""
+    cpus_per_task: int | None = None
+    """sbatch --cpus-per-task (one task per node); None = launch.threads_per_rank x launch.ranks_per_node, else >= 1."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        _require_name(self, "partition")
+        _require_name(self, "account")
+        require(
+            self,
+            "time",
+            re.fullmatch(r"\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}", self.time)
+            is not None,
+            "a Slurm time: 'MM', 'MM:SS', 'HH:MM:SS', 'D-HH', 'D-HH:MM' or 'D-HH:MM:SS'",
+        )
+        require(self, "cpus_per_task", self.cpus_per_task is None or self.cpus_per_task >= 1, "None or an int >= 1")
+
+
+@dataclass
+class RayConfig:
+    """The existing Ray cluster of ``launch.scheduler='ray'`` (the ``ray`` extra; docs/howto/scaling.md)."""
+
+    address: str | None = None
+    """ray.init address of the cluster ('auto', 'ray://HOST:PORT', ...); None = 'auto'. Non-empty, without spaces."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        _require_name(self, "address")
+
+
+# LaunchConfig's positional parameters as they were before the Slurm and Ray options moved into their sections:
+# ``LaunchConfig(2, "gloo", ...)`` keeps meaning what it meant (with a warning) until they are removed.
+_LAUNCH_POSITIONAL = (
+    "num_ranks", "backend", "threads_per_rank", "start_timeout_s", "heartbeat_interval_s", "heartbeat_timeout_s",
+    "command_timeout_s", "host", "allow_remote", "tracer", "hang_timeout_s", "hang_policy", "pg_timeout_s",
+    "scheduler", "num_nodes", "ranks_per_node", "data_parallel_size", "tensor_parallel_size",
+    "context_parallel_size", "inference_replicas", "inference_tensor_parallel_size", "gpus_per_node",
+    "main_process_port", "slurm_partition", "slurm_account", "slurm_time", "slurm_cpus_per_task", "ray_address",
+    "simulate_nodes_on_loopback", "shm_allreduce", "trace_poll_s",
+)  # fmt: skip
+
+
+@moved_fields(
+    remove_in="0.3",
+    positional=_LAUNCH_POSITIONAL,
+    slurm_partition="slurm.partition",
+    slurm_account="slurm.account",
+    slurm_time="slurm.time",
+    slurm_cpus_per_task="slurm.cpus_per_task",
+    ray_address="ray.address",
+)
 @dataclass
 class LaunchConfig:
     """How the train ranks are started and supervised."""
@@ -110,16 +180,6 @@ class LaunchConfig:
     main_process_port: int | None = None
     """Rendezvous port of the node running machine rank 0, 1..65535; None = a free port chosen on the controller when
     the job is submitted ('local': chosen by accelerate)."""
-    slurm_partition: str | None = None
-    """sbatch --partition; None = the cluster's default."""
-    slurm_account: str | None = None
-    """sbatch --account; None = the user's default."""
-    slurm_time: str = "01:00:00"
-    """sbatch --time, in a Slurm time format ('MM', 'MM:SS', 'HH:MM:SS', 'D-HH', 'D-HH:MM', 'D-HH:MM:SS')."""
-    slurm_cpus_per_task: int | None = None
-    """sbatch --cpus-per-task (one task per node); None = threads_per_rank x ranks_per_node."""
-    ray_address: str | None = None
-    """ray.init address of the existing cluster ('auto', 'ray://HOST:PORT', ...); None = 'auto'."""
     simulate_nodes_on_loopback: bool = False
     """Allow scheduler 'slurm' or 'ray' with a loopback host: every "node" is a process group on this machine (the fake
     Slurm of the tests, a local Ray instance). Without it those schedulers need a host the compute nodes can reach (a
@@ -135,6 +195,10 @@ class LaunchConfig:
     point-to-point call whose counterpart ranks finished the command, died or are blocked for good; see
     docs/howto/debug-hang.md) seen on two checks in a row is reported at once as hang_policy says, without waiting for
     hang_timeout_s. Uncertain states (a straggler) still wait for hang_timeout_s. None = no live checks; else > 0."""
+    slurm: SlurmConfig = dataclasses.field(default_factory=SlurmConfig)
+    """The sbatch job of scheduler 'slurm' (partition, account, time limit, CPUs); unused otherwise."""
+    ray: RayConfig = dataclasses.field(default_factory=RayConfig)
+    """The Ray cluster of scheduler 'ray'; unused otherwise."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -244,96 +308,140 @@ class LaunchConfig:
             self.main_process_port is None or 1 <= self.main_process_port <= 65535,
             "None (a free port chosen at submit time) or an int in [1, 65535]",
         )
-        for name in ("slurm_partition", "slurm_account", "ray_address"):
-            value = getattr(self, name)
-            ok = value is None or (value.strip() != "" and " " not in value)
-            require(self, name, ok, "None or a non-empty name without spaces")
-        require(
-            self,
-            "slurm_time",
-            re.fullmatch(r"\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}", self.slurm_time)
-            is not None,
-            "a Slurm time: 'MM', 'MM:SS', 'HH:MM:SS', 'D-HH', 'D-HH:MM' or 'D-HH:MM:SS'",
-        )
-        require(
-            self,
-            "slurm_cpus_per_task",
-            self.slurm_cpus_per_task is None or self.slurm_cpus_per_task >= 1,
-            "None or an int >= 1",
-        )
 
 
 @dataclass
-class InferenceConfig:
-    """The inference engine that generates rollouts."""
+class EmbeddedConfig:
+    """Options of the embedded engine (``inference.engine='embedded'``): a transformers model generating in the
+    controller process."""
 
-    engine: Literal["embedded", "vllm", "colocated"] = "embedded"
-    """Engine kind: 'embedded' (a transformers model in the controller process, the default), 'vllm' (a real vLLM
-    OpenAI-compatible server; needs the ``vllm`` extra, see docs/howto/vllm.md) or 'colocated' (the train ranks generate
-    with the weights they train, as TRL's GRPOTrainer does: no weights move at a sync; needs ``train.parallelism='ddp'``
-    and ``rollout.mode='sequential'``; see docs/howto/colocated.md)."""
     num_threads: int | None = None
-    """torch threads for the embedded engine; None = torch's default, else >= 1."""
-    max_batch_size: int = 1024
-    """Most sequences generated in one forward pass, >= 1, by the engines that generate in-process: 'embedded',
-    and 'colocated' (per rank). A vLLM server schedules its own batches (its ``--max-num-seqs``,
-    through ``extra_server_args``)."""
-    url: str | None = None
-    """vllm only: attach to an already-running server at this base URL ('http://HOST:PORT'; started with the flags
-    of ``rlsdk.engine.inference.vllm_server.server_command`` and a secret token in its VLLM_API_KEY, which the Session
-    reads from its own VLLM_API_KEY) instead of starting one; None = start one on a Unix socket in the session's private
-    runtime directory (no TCP port)."""
-    logprob_warn_threshold: float = 0.02
-    """Each update warns when the mean |trainer - engine| logprob of the batch's completion tokens exceeds
-    this (nats), > 0."""
-    kv_cache_gib: int = 1
-    """vllm only: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE), an int >= 1."""
-    max_model_len: int | None = None
-    """vllm only: longest prompt + completion in tokens; None = the model's own limit, else >= 1."""
-    server_start_timeout_s: float = 300.0
-    """vllm only: seconds to wait for a started server to report healthy, > 0."""
-    sync_timeout_s: float = 120.0
-    """vllm only: seconds each step of a weight sync (pause, load, version, resume) may take, > 0."""
-    request_timeout_s: float = 600.0
-    """vllm only: seconds one generation request may take, > 0."""
-    extra_server_args: tuple[str, ...] = ()
-    """vllm only: more command-line arguments for the server (e.g. ['--seed', '1'])."""
-    weight_transfer: Literal["auto", "reload", "inplace"] = "auto"
-    """vllm only: how a weight sync reaches the server. 'auto' (default): an NCCL broadcast from trainer rank 0
-    when ``launch.gpus_per_node > 0``, else 'reload'. 'reload': the server re-loads the published file through
-    vLLM (keeps vLLM's packed CPU weights: fastest generation). 'inplace' (CPU only): the server keeps plain weights and
-    the file is copied straight into them (a faster sync, a slower generation; docs/howto/vllm.md has the measured
-    trade-off)."""
-    lookahead: bool = True
-    """colocated only: each ``Session.update`` also samples the next batch (the data set's next rows, the next rollout's
-    seed) on the ranks with the new weights, in the same rank command, and the next ``Session.rollout()`` returns it
-    without a round trip to the ranks. The samples are the same as without it (same rows, seed and weights); explicit
-    prompts, other sampling params or a custom workflow generate then and there. Applies
-    with ``rollout.mode='sequential'`` and the default single-turn workflow; False = every rollout sends its own
-    command."""
-    dtype: Literal["float32", "bfloat16", "float16"] | None = None
-    """The dtype the engine serves the policy in: 'float32', 'bfloat16' or 'float16'; None (default) = model.dtype.
-    Embedded and vLLM engines (vLLM's --dtype); a colocated engine samples with the ranks' own weights.
-    Log-probabilities are float32 either way, and the per-update agreement metrics compare them with the trainer's as
-    they are (a bf16 engine's rounding shows there; see docs/howto/real-shapes.md)."""
+    """torch threads of the engine's generation thread; None = torch's default, else >= 1. The ranks
+    keep ``launch.threads_per_rank``."""
 
     def __post_init__(self) -> None:
         check_types(self)
         require(self, "num_threads", self.num_threads is None or self.num_threads >= 1, "None or an int >= 1")
-        require(self, "max_batch_size", self.max_batch_size >= 1, "an int >= 1")
+
+
+@dataclass
+class VLLMConfig:
+    """Options of the vLLM engine (``inference.engine='vllm'``): a real vLLM OpenAI-compatible server, started
+    and supervised by the Session or attached by URL (the ``vllm`` extra; docs/howto/vllm.md)."""
+
+    url: str | None = None
+    """Attach to an already-running server at this base URL ('http://HOST:PORT' or 'https://...'; started with the flags
+    of ``rlsdk.engine.inference.vllm_server.server_command`` and a secret token in its VLLM_API_KEY, which the Session
+    reads from its own VLLM_API_KEY) instead of starting one; None = start one on a Unix socket in the session's private
+    runtime directory (no TCP port). Needs ``inference.engine='vllm'``."""
+    kv_cache_gib: int = 1
+    """KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE), an int >= 1."""
+    max_model_len: int | None = None
+    """Longest prompt + completion in tokens; None = the model's own limit, else >= 1."""
+    server_start_timeout_s: float = 300.0
+    """Seconds to wait for a started server to report healthy, > 0."""
+    sync_timeout_s: float = 120.0
+    """Seconds each step of a weight sync (pause, load, version, resume) may take, > 0."""
+    request_timeout_s: float = 600.0
+    """Seconds one generation request may take, > 0."""
+    extra_server_args: tuple[str, ...] = ()
+    """More command-line arguments for the server (e.g. ['--seed', '1']); a list of strings."""
+    weight_transfer: Literal["auto", "reload", "inplace"] = "auto"
+    """How a weight sync reaches the server. 'auto' (default): an NCCL broadcast from trainer rank 0
+    when ``launch.gpus_per_node > 0``, else 'reload'. 'reload': the server re-loads the published file through
+    vLLM (keeps vLLM's packed CPU weights: fastest generation). 'inplace' (CPU only, so not
+    with ``launch.gpus_per_node > 0``): the server keeps plain weights and the file is copied straight into them (faster
+    syncs, slower generation; the measured trade-off is in docs/howto/vllm.md)."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
         require(
             self,
             "url",
             self.url is None or self.url.startswith(("http://", "https://")),
             "None or a base URL starting with http:// or https://",
         )
-        require(self, "url", self.url is None or self.engine == "vllm", "None unless engine='vllm'")
-        require(self, "logprob_warn_threshold", self.logprob_warn_threshold > 0, "a finite float > 0")
         require(self, "kv_cache_gib", self.kv_cache_gib >= 1, "an int >= 1")
         require(self, "max_model_len", self.max_model_len is None or self.max_model_len >= 1, "None or an int >= 1")
         require(self, "server_start_timeout_s", self.server_start_timeout_s > 0, "a finite float > 0")
         require(self, "sync_timeout_s", self.sync_timeout_s > 0, "a finite float > 0")
         require(self, "request_timeout_s", self.request_timeout_s > 0, "a finite float > 0")
+
+
+@dataclass
+class ColocatedConfig:
+    """Options of the colocated engine (``inference.engine='colocated'``): the train ranks generate with the
+    weights they train (docs/howto/colocated.md)."""
+
+    lookahead: bool = True
+    """Each ``Session.update`` also samples the next batch (the data set's next rows, the next rollout's seed) on the
+    ranks with the new weights, in the same rank command, and the next ``Session.rollout()`` returns it without a round
+    trip to the ranks. The samples are the same as without it (same rows, seed and weights); explicit prompts, other
+    sampling params or a custom workflow generate then and there. Applies with ``rollout.mode='sequential'`` and the
+    default single-turn workflow; False = every rollout sends its own command."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+
+
+# InferenceConfig's positional parameters before the per-engine options moved into their sections (see above).
+_INFERENCE_POSITIONAL = (
+    "engine", "num_threads", "max_batch_size", "url", "logprob_warn_threshold", "kv_cache_gib", "max_model_len",
+    "server_start_timeout_s", "sync_timeout_s", "request_timeout_s", "extra_server_args", "weight_transfer",
+    "lookahead", "dtype",
+)  # fmt: skip
+
+
+@moved_fields(
+    remove_in="0.3",
+    positional=_INFERENCE_POSITIONAL,
+    num_threads="embedded.num_threads",
+    url="vllm.url",
+    kv_cache_gib="vllm.kv_cache_gib",
+    max_model_len="vllm.max_model_len",
+    server_start_timeout_s="vllm.server_start_timeout_s",
+    sync_timeout_s="vllm.sync_timeout_s",
+    request_timeout_s="vllm.request_timeout_s",
+    extra_server_args="vllm.extra_server_args",
+    weight_transfer="vllm.weight_transfer",
+    lookahead="colocated.lookahead",
+)
+@dataclass
+class InferenceConfig:
+    """The inference engine that generates rollouts: the options every engine reads, then one section per
+    engine kind holding the options only that engine reads (``inference.vllm.kv_cache_gib``); a section other
+    than the selected engine's is ignored, so one YAML file can switch engines with a single flag."""
+
+    engine: Literal["embedded", "vllm", "colocated"] = "embedded"
+    """Engine kind: 'embedded' (a transformers model in the controller process, the default), 'vllm' (a real vLLM
+    OpenAI-compatible server; needs the ``vllm`` extra, see docs/howto/vllm.md) or 'colocated' (the train ranks generate
+    with the weights they train, as TRL's GRPOTrainer does: no weights move at a sync; needs ``train.parallelism='ddp'``
+    and ``rollout.mode='sequential'``; see docs/howto/colocated.md)."""
+    max_batch_size: int = 1024
+    """Most sequences generated in one forward pass, >= 1, by the engines that generate in-process: 'embedded',
+    and 'colocated' (per rank). A vLLM server schedules its own batches (its ``--max-num-seqs``,
+    through ``vllm.extra_server_args``)."""
+    logprob_warn_threshold: float = 0.02
+    """Each update warns when the mean |trainer - engine| logprob of the batch's completion tokens exceeds
+    this (nats), > 0."""
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """The dtype the engine serves the policy in: 'float32', 'bfloat16' or 'float16'; None (default) = model.dtype.
+    Embedded and vLLM engines (vLLM's --dtype); a colocated engine samples with the ranks' own weights.
+    Log-probabilities are float32 either way, and the per-update agreement metrics compare them with the trainer's as
+    they are (a bf16 engine's rounding shows there; see docs/howto/real-shapes.md)."""
+    embedded: EmbeddedConfig = dataclasses.field(default_factory=EmbeddedConfig)
+    """Options of engine 'embedded'."""
+    vllm: VLLMConfig = dataclasses.field(default_factory=VLLMConfig)
+    """Options of engine 'vllm'."""
+    colocated: ColocatedConfig = dataclasses.field(default_factory=ColocatedConfig)
+    """Options of engine 'colocated'."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self, "max_batch_size", self.max_batch_size >= 1, "an int >= 1")
+        require(self, "logprob_warn_threshold", self.logprob_warn_threshold > 0, "a finite float > 0")
+        if self.vllm.url is not None and self.engine != "vllm":
+            raise ConfigError("InferenceConfig.vllm.url", self.vllm.url, "None unless engine='vllm'")
 
 
 @dataclass

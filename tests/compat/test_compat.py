@@ -147,6 +147,28 @@ def test_field_moved_into_a_section_with_another_type_fails() -> None:
     assert "'engine.cache_gib -> engine.backend.cache_gib' changed type int -> float" in report.format()
 
 
+def test_live_moved_fields_against_their_flat_spelling_pass_the_guard_as_deprecations(tmp_path: Path) -> None:
+    # Arrange: the live snapshot as it was before the moves: each moved field flat again, with its type and default
+    live = snapshot()
+    flat = json.loads(json.dumps(live))
+    moved = flat["config"].pop("deprecations")
+    assert {"inference.kv_cache_gib", "launch.slurm_partition", "launch.ray_address"} <= moved.keys()
+    for old_key, dep in moved.items():
+        flat["config"]["fields"][old_key] = flat["config"]["fields"].pop(dep["new"])
+    path = tmp_path / "snapshot.json"
+    path.write_text(json.dumps(flat))
+
+    # Act
+    report = compare(flat, live)
+    rc = compat_main(["check", "--snapshot", str(path)])
+
+    # Assert
+    assert rc == 0 and report.ok, report.format()
+    text = report.format()
+    for old_key, dep in moved.items():
+        assert f"config field {old_key!r} is now deprecated: use {dep['new']!r}, removed in 0.3" in text
+
+
 def test_changed_field_type_fails_saying_never_change_a_type() -> None:
     old = {"config": {"fields": {"train.steps": {"type": "int", "default": 10}}}}
     new = {"config": {"fields": {"train.steps": {"type": "float", "default": 10.0}}}}

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from rlsdk.compat.surface import config_fields
-from rlsdk.config import LaunchConfig, ModelConfig, SessionConfig, parse_cli
+from rlsdk.config import LaunchConfig, ModelConfig, SessionConfig, SlurmConfig, parse_cli
 from rlsdk.config.cli import _field_docs_as_attributes
 from rlsdk.config.docs import field_docs
 
@@ -43,15 +43,15 @@ def test_field_docs_of_a_class_joins_lines_and_skips_undocumented_fields() -> No
     assert field_docs(Example) == {"documented": "First line, second line."}
 
 
-def test_config_fields_reports_each_field_docstring_by_dotted_path() -> None:
+def test_config_fields_reports_the_field_docstring_for_nested_sections() -> None:
     docs = {info.path: info.doc for info in config_fields(SessionConfig)}
 
+    assert docs["inference.vllm.kv_cache_gib"].startswith("KV-cache size in GiB")
+    assert docs["launch.slurm.partition"].startswith("sbatch --partition")
     assert docs["train.lr"] == "Learning rate, > 0."
-    assert docs["launch.host"].startswith("TCP listen address of the control channel")
-    assert docs["seed"] == "Seed for data order, sampling and initialisation, >= 0."
 
 
-def test_parse_cli_help_shows_each_field_doc_and_restores_the_class_docs(
+def test_parse_cli_help_shows_each_nested_field_doc_and_restores_the_class_docs(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("COLUMNS", "110")  # one column, as docs/reference/cli.md shows it
@@ -61,7 +61,8 @@ def test_parse_cli_help_shows_each_field_doc_and_restores_the_class_docs(
         parse_cli(SessionConfig(model=ModelConfig(path="m")), ["--help"])
 
     text = " ".join(re.sub(r"[\u2500-\u257f]", " ", capsys.readouterr().out).split())
-    assert "--train.lr FLOAT Learning rate, > 0." in text
+    assert "--inference.vllm.kv-cache-gib INT KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE), an int >= 1." in text
+    assert "--launch.slurm.partition" in text and field_docs(SlurmConfig)["partition"] in text
     assert field_docs(LaunchConfig)["host"] in text
     assert {cls: cls.__doc__ for cls in _config_classes()} == before
 
