@@ -390,6 +390,7 @@ def build_prompts(shape: Shape, model_dir: Path, models: Path) -> Path | None:
 def session_config(run: Run, shape: Shape, model_dir: Path, prompts: Path | None, out: Path) -> Any:
     from rlsdk.config import (
         DataConfig,
+        EmbeddedConfig,
         InferenceConfig,
         LaunchConfig,
         ModelConfig,
@@ -397,6 +398,7 @@ def session_config(run: Run, shape: Shape, model_dir: Path, prompts: Path | None
         RolloutConfig,
         SessionConfig,
         TrainConfig,
+        VLLMConfig,
     )
 
     data = DataConfig(prompts_per_step=shape.prompts, num_examples=4096)
@@ -410,13 +412,15 @@ def session_config(run: Run, shape: Shape, model_dir: Path, prompts: Path | None
         ),
         inference=InferenceConfig(
             engine=run.engine,
-            num_threads=2,
-            max_model_len=max(longest, 64) if run.engine == "vllm" else None,
-            kv_cache_gib=2,
             dtype="bfloat16" if run.precision == "bf16" and shape.name != "S0" else None,
-            server_start_timeout_s=900.0,
-            sync_timeout_s=600.0,
-            request_timeout_s=3600.0,
+            embedded=EmbeddedConfig(num_threads=2),
+            vllm=VLLMConfig(
+                max_model_len=max(longest, 64) if run.engine == "vllm" else None,
+                kv_cache_gib=2,
+                server_start_timeout_s=900.0,
+                sync_timeout_s=600.0,
+                request_timeout_s=3600.0,
+            ),
         ),
         train=TrainConfig(
             lr=1e-5 if shape.name != "S0" else 1e-3,

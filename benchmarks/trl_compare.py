@@ -362,7 +362,9 @@ def worker_rlsdk(model_dir: Path, out_dir: Path, seed: int, max_steps: int, targ
     threads = {
         "num_ranks": config.launch.num_ranks,
         "threads_per_rank": config.launch.threads_per_rank,
-        "engine_threads": "ranks" if engine == "colocated" else config.inference.num_threads or "torch default",
+        "engine_threads": (
+            "ranks" if engine == "colocated" else config.inference.embedded.num_threads or "torch default"
+        ),
     }
     return _summary(system, seed, threads, setup_s, times, rewards, target)
 

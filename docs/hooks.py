@@ -1,8 +1,9 @@
 """mkdocs hook: generate the config, CLI and benchmark pages at build time (never committed, never hand-written).
 
 - ``reference/config.md``: every field, walked from ``SessionConfig`` with ``rlsdk.compat.surface.config_fields``
-  (the compatibility guard's own walk), described by each class's ``Attributes:`` docstring, plus the
-  deprecated keys registered in ``rlsdk.config.deprecations``.
+  (the compatibility guard's own walk), one table per section (nested ones such as ``inference.vllm`` included),
+  each field described by the docstring right under it in ``rlsdk/config/``, plus the deprecated keys of
+  ``rlsdk.config.deprecations`` (renames, and the flat names of fields moved into a section).
 - ``reference/cli.md``: the ``--help`` output of ``rlsdk run recipes/grpo_reverse.py``, captured from the CLI
   itself (tyro builds it from the same dataclasses).
 - ``benchmarks.md``: how to run the benchmarks (``make bench``), then one section per benchmark with the exact
@@ -94,7 +95,7 @@ def config_reference() -> str:
         prefix = f"{section.path}." if section else ""
         rows = [f for f in fields if not f.section and f.path.startswith(prefix) and "." not in f.path[len(prefix) :]]
         cls = rows[0].owner if rows else SessionConfig
-        summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        summary = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())  # the docstring's first paragraph
         lines += [f"## {section.path if section else 'top level'}", "", f"`{cls.__name__}`: {summary}", ""]
         lines += ["| key | flag | type | default | description |", "| --- | --- | --- | --- | --- |"]
         for f in rows:

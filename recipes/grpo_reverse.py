@@ -29,6 +29,7 @@ from rlsdk import Session
 from rlsdk.config import (
     AlgorithmConfig,
     DataConfig,
+    EmbeddedConfig,
     InferenceConfig,
     ModelConfig,
     ObserveConfig,
@@ -53,7 +54,7 @@ def config() -> SessionConfig:
         # One thread for the embedded engine: the 2 ranks take a core each while they train, and a second engine
         # thread's OpenMP worker spin-waits beside them after every generation on a 2-core machine. More threads pay
         # off for larger models.
-        inference=InferenceConfig(num_threads=1),
+        inference=InferenceConfig(embedded=EmbeddedConfig(num_threads=1)),
         rollout=RolloutConfig(group_size=16, max_new_tokens=5, temperature=1.0),
         data=DataConfig(prompts_per_step=16, min_digits=3, max_digits=3),
         # One output root per run, so TensorBoard curves and checkpoints of separate runs never mix.

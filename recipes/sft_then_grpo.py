@@ -42,6 +42,7 @@ from typing import Any
 from rlsdk import Session
 from rlsdk.config import (
     DataConfig,
+    EmbeddedConfig,
     InferenceConfig,
     ModelConfig,
     ObserveConfig,
@@ -139,7 +140,8 @@ def config() -> SFTThenGRPOConfig:
         # by about lr whatever the gradient's size; the warm-up keeps them from undoing the SFT policy in one step.
         train=TrainConfig(lr=5e-4, warmup_steps=10, max_steps=150, eval_every=10, micro_batch_size=64),
         rollout=RolloutConfig(group_size=8, max_new_tokens=72, temperature=1.0),
-        inference=InferenceConfig(num_threads=1),  # the ranks take a core each (see recipes/grpo_reverse.py)
+        # the ranks take a core each (see recipes/grpo_reverse.py)
+        inference=InferenceConfig(embedded=EmbeddedConfig(num_threads=1)),
         data=DataConfig(
             task="file",
             path=str(data_dir / "rl.jsonl"),

@@ -16,7 +16,12 @@ _PUBLIC = {
     "SessionConfig": "rlsdk.config",
     "ModelConfig": "rlsdk.config",
     "LaunchConfig": "rlsdk.config",
+    "SlurmConfig": "rlsdk.config",
+    "RayConfig": "rlsdk.config",
     "InferenceConfig": "rlsdk.config",
+    "EmbeddedConfig": "rlsdk.config",
+    "VLLMConfig": "rlsdk.config",
+    "ColocatedConfig": "rlsdk.config",
     "TrainConfig": "rlsdk.config",
     "AlgorithmConfig": "rlsdk.config",
     "RolloutConfig": "rlsdk.config",
@@ -46,15 +51,20 @@ __all__ = sorted(_PUBLIC)
 if TYPE_CHECKING:
     from rlsdk.config import (
         AlgorithmConfig,
+        ColocatedConfig,
         ConfigError,
         DataConfig,
+        EmbeddedConfig,
         InferenceConfig,
         LaunchConfig,
         ModelConfig,
         ObserveConfig,
+        RayConfig,
         RolloutConfig,
         SessionConfig,
+        SlurmConfig,
         TrainConfig,
+        VLLMConfig,
         load_config,
     )
     from rlsdk.control.controller import RankError

@@ -23,7 +23,7 @@ class EngineSlot:
     def __init__(self, build: Callable[[], Awaitable[SessionEngine]], *, closing: Callable[[], bool]) -> None:
         self.engine: SessionEngine | None = None
         self.failure: BaseException | None = None
-        self.num_threads: int | None = None  # the embedded engine's default inference.num_threads
+        self.num_threads: int | None = None  # the embedded engine's default inference.embedded.num_threads
         self._build = build
         self._closing = closing
         self._watch: asyncio.Task[None] | None = None

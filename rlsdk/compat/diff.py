@@ -1,8 +1,9 @@
 """Compare a committed snapshot with the live surface: incompatible changes fail, additions are reported.
 
-Incompatible: a config field removed or renamed without a ``deprecated_field`` entry, a changed field type (a
-Literal gaining choices is fine), a field becoming required, a changed default, a deprecation dropped before its
-``remove_in`` release; a public name, member or parameter removed, a parameter moved or newly required.
+Incompatible: a config field removed, renamed or moved into a section without a deprecation (``deprecated_field``
+or ``moved_fields``), a changed field type (a Literal gaining choices is fine), also across such a rename, a field
+becoming required, a changed default, a deprecation dropped before its ``remove_in`` release; a public name, member
+or parameter removed, a parameter moved or newly required.
 """
 
 from __future__ import annotations
@@ -72,7 +73,10 @@ def _compare_config(old: dict[str, Any], new: dict[str, Any], version: str, repo
         live = new_fields.get(path)
         if live is None:
             if path in new_deps or any(path.startswith(dep + ".") for dep in new_deps):
-                report.additions.append(f"config field {path!r} is now deprecated ({new_deps.get(path)})")
+                report.additions.append(
+                    f"config field {path!r} is now deprecated{_deprecation_text(new_deps.get(path))}"
+                )
+                _compare_replacement(path, entry, new_deps.get(path), new_fields, report)
             else:
                 report.incompatible.append(_removed_field_message(path, entry, version))
             continue
@@ -94,6 +98,23 @@ def _compare_config(old: dict[str, Any], new: dict[str, Any], version: str, repo
                 f"deprecated key {old_key!r} was dropped before its removal release {dep['remove_in']} "
                 f"(this is {version}); keep its deprecated_field entry until then"
             )
+
+
+def _deprecation_text(dep: dict[str, Any] | None) -> str:
+    if dep is None:
+        return " (its section is)"
+    use = f"use {dep['new']!r}" if dep["new"] else "no replacement"
+    return f": {use}, removed in {dep['remove_in']}"
+
+
+def _compare_replacement(
+    path: str, old: dict[str, Any], dep: dict[str, Any] | None, new_fields: dict[str, Any], report: CompatReport
+) -> None:
+    """A renamed or moved field is the same field under a new key: the old key keeps loading into it, so its type
+    and default must not change (the guard would miss a type change hidden in a rename otherwise)."""
+    if dep is None or dep["new"] is None or dep["new"] not in new_fields:
+        return
+    _compare_field(f"{path} -> {dep['new']}", old, new_fields[dep["new"]], report)
 
 
 def _compare_field(path: str, old: dict[str, Any], new: dict[str, Any], report: CompatReport) -> None:

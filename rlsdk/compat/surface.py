@@ -59,28 +59,11 @@ def literal_choices(tp: Any) -> tuple[Any, ...] | None:
 
 
 def attribute_docs(cls: type) -> dict[str, str]:
-    """Field descriptions from the ``Attributes:`` section of a Google-style class docstring."""
-    docs: dict[str, str] = {}
-    lines = inspect.cleandoc(cls.__doc__ or "").splitlines()
-    try:
-        start = lines.index("Attributes:") + 1
-    except ValueError:
-        return docs
-    indent, name = None, None
-    for line in lines[start:]:
-        if not line.strip():
-            continue
-        depth = len(line) - len(line.lstrip())
-        if indent is None:
-            indent = depth
-        if depth < indent:
-            break
-        if depth == indent and ":" in line:
-            name, _, text = line.strip().partition(":")
-            docs[name] = text.strip()
-        elif name is not None:
-            docs[name] += " " + line.strip()
-    return docs
+    """Field descriptions of config class ``cls``: the docstring right under each field
+    (:func:`rlsdk.config.docs.field_docs`)."""
+    from rlsdk.config.docs import field_docs
+
+    return field_docs(cls)
 
 
 def config_fields(root: type, prefix: str = "") -> list[FieldInfo]:
@@ -159,7 +142,11 @@ def _describe(obj: Any, configs: set[type]) -> dict[str, Any]:
 
 
 def _members(cls: type, *, skip_fields: bool) -> dict[str, Any]:
+    from rlsdk.config.aliases import moves_of
+
     fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    if skip_fields:  # a config's moved-field aliases are guarded with its fields, as deprecations of the schema
+        fields |= {move.old for move in moves_of(cls)}
     members: dict[str, Any] = {} if skip_fields else {name: {"kind": "field"} for name in sorted(fields)}
     for klass in reversed(cls.__mro__):
         if not klass.__module__.startswith("rlsdk"):

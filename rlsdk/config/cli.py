@@ -12,19 +12,22 @@ Errors:
   (FileNotFoundError; ConfigError naming the dotted key, its message also naming the file), raised before
   tyro runs, so the caller decides how to report a bad file.
 
-Booleans: tyro's own form is a flag pair, ``--inference.lookahead`` / ``--inference.no-lookahead``. The forms
-users type from habit (``--inference.lookahead false``, ``--inference.lookahead=False``, ``yes``/``no``,
-``on``/``off``, ``1``/``0``) are accepted too and mean the same; any other value after a boolean flag is left
-for tyro, which reports it.
+Booleans: tyro's own form is a flag pair, ``--train.share-prompt-prefix`` / ``--train.no-share-prompt-prefix``.
+The forms users type from habit (``--train.share-prompt-prefix false``, ``--train.share-prompt-prefix=False``,
+``yes``/``no``, ``on``/``off``, ``1``/``0``) are accepted too and mean the same; any other value after a boolean
+flag is left for tyro, which reports it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import inspect
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from rlsdk.config.deprecations import upgrade_cli_args
+from rlsdk.config.docs import field_docs
 from rlsdk.config.errors import ConfigError
 from rlsdk.config.io import merge_overrides, read_yaml_mapping
 from rlsdk.config.session import SessionConfig
@@ -66,7 +69,40 @@ def parse_cli(
             "differ from the library's own defaults (what a SessionConfig you build yourself gets):\n"
             + "\n".join(lines)
         )
-    return tyro.cli(type(default), default=default, args=rest, prog=prog, description=description)
+    with _field_docs_as_attributes(type(default)):
+        return tyro.cli(type(default), default=default, args=rest, prog=prog, description=description)
+
+
+@contextlib.contextmanager
+def _field_docs_as_attributes(root: type) -> Iterator[None]:
+    """While tyro builds the parser: each config class of ``root`` also carries its field docstrings
+    (:func:`rlsdk.config.docs.field_docs`) as a Google ``Attributes:`` section, one line per field.
+
+    tyro reads that section first. It reads a docstring under a field too, but keeps each of its source lines as a
+    line of the help (tyro 1.0 takes an indented line for a new paragraph), so a field documented over several
+    lines would show ragged. The classes' own ``__doc__`` is restored afterwards.
+    """
+    classes = _config_classes(root)
+    saved = {cls: cls.__doc__ for cls in classes}
+    try:
+        for cls in classes:
+            docs = field_docs(cls)
+            lines = [f"    {name}: {docs[name]}" for name, _ in field_types(cls) if name in docs]
+            if lines:
+                cls.__doc__ = "\n".join([inspect.cleandoc(cls.__doc__ or cls.__name__), "", "Attributes:", *lines])
+        yield
+    finally:
+        for cls, doc in saved.items():
+            cls.__doc__ = doc
+
+
+def _config_classes(root: type) -> list[type]:
+    """``root`` and every nested config dataclass below it, each once."""
+    out = [root]
+    for _, tp in field_types(root):
+        if dataclasses.is_dataclass(tp):
+            out += [cls for cls in _config_classes(typing.cast(type, tp)) if cls not in out]
+    return out
 
 
 def recipe_differences(config: SessionConfig) -> list[tuple[str, object, object]]:

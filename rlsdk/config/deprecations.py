@@ -1,31 +1,44 @@
-"""Renamed and removed config keys that keep loading, with a warning, until the release that removes them.
+"""Renamed, moved and removed config keys that keep loading, with a warning, until the release that removes them.
 
 To rename ``train.learning_rate`` to ``train.lr``: rename the dataclass field, then register the old key below::
 
     deprecated_field(old="train.learning_rate", new="train.lr", remove_in="0.3")
+
+To move a field into a nested section (``inference.kv_cache_gib`` -> ``inference.vllm.kv_cache_gib``): declare it on
+the class with ``rlsdk.config.aliases.moved_fields``, which also keeps the Python keyword and attribute working;
+``deprecations(root)`` lists every such move below ``root`` next to the entries registered here.
 
 YAML files, ``config_from_dict``, ``merge_overrides`` and command-line flags (``--train.learning-rate``) then
 accept the old key, move its value to the new one and warn with ``ConfigDeprecationWarning`` (a FutureWarning,
 shown by default) naming the replacement and the removal version. ``new=None`` marks a key that was removed
 with no replacement: its value is dropped with the same warning. Setting both the old and the new key is a
 ConfigError. Keys are dotted paths from the root config class (``SessionConfig`` unless ``root`` says
-otherwise). The compatibility guard (``python -m rlsdk.compat``) reads this registry: a field that disappears
-without an entry here fails the guard.
+otherwise). The compatibility guard (``python -m rlsdk.compat``) reads these deprecations: a field that disappears
+without one fails the guard, and so does a deprecated key whose replacement has another type or default.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlsdk.config.errors import ConfigError
+from rlsdk.config.aliases import moves_of
+from rlsdk.config.errors import ConfigDeprecationWarning, ConfigError
 from rlsdk.config.session import SessionConfig
+from rlsdk.config.validate import field_types
 
-
-class ConfigDeprecationWarning(FutureWarning):
-    """A deprecated config key was used; the message names its replacement and the removal version."""
+__all__ = [
+    "ConfigDeprecationWarning",
+    "DeprecatedField",
+    "deprecated_field",
+    "deprecations",
+    "upgrade_cli_args",
+    "upgrade_mapping",
+]
 
 
 @dataclass(frozen=True)
@@ -54,8 +67,23 @@ def deprecated_field(old: str, new: str | None, remove_in: str, *, root: type = 
 
 
 def deprecations(root: type = SessionConfig) -> list[DeprecatedField]:
-    """The registered deprecations of ``root``, in registration order."""
-    return list(_REGISTRY.get(root, {}).values())
+    """The deprecations of ``root``: the registered ones in registration order, then the fields moved into
+    nested sections (``moved_fields``) of ``root`` and of every section below it, depth first."""
+    registered = dict(_REGISTRY.get(root, {}))
+    for prefix, cls in _sections(root, ""):
+        for move in moves_of(cls):
+            old = prefix + move.old
+            registered.setdefault(old, DeprecatedField(old=old, new=prefix + move.new, remove_in=move.remove_in))
+    return list(registered.values())
+
+
+def _sections(cls: type, prefix: str) -> list[tuple[str, type]]:
+    """``(dotted prefix, class)`` of ``cls`` and of every nested config dataclass below it."""
+    out = [(prefix, cls)]
+    for name, tp in field_types(cls):
+        if dataclasses.is_dataclass(tp):
+            out += _sections(typing.cast(type, tp), f"{prefix}{name}.")
+    return out
 
 
 def upgrade_mapping(root: type, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -75,8 +103,12 @@ def upgrade_mapping(root: type, data: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def upgrade_cli_args(root: type, args: Sequence[str]) -> list[str]:
-    """``args`` with deprecated flags (``--train.learning-rate``, ``--train.no-old-flag``) renamed, warning."""
+    """``args`` with deprecated flags (``--train.learning-rate``, ``--train.no-old-flag``) renamed, warning.
+
+    Raises ConfigError for a removed flag, or for an old flag given together with its replacement.
+    """
     by_flag = {dep.old.replace("_", "-"): dep for dep in deprecations(root)}
+    given = _flag_names(args)
     out: list[str] = []
     for arg in args:
         if arg == "--":
@@ -92,9 +124,25 @@ def upgrade_cli_args(root: type, args: Sequence[str]) -> list[str]:
         warnings.warn(dep.message().replace("config key", "flag"), ConfigDeprecationWarning, stacklevel=2)
         if dep.new is None:
             raise ConfigError("--" + flag, value or None, f"no flag: {dep.message()}")
+        if dep.new.replace("_", "-") in given:
+            raise ConfigError("--" + flag, value or None, f"only one of --{dep.old} (deprecated) and --{dep.new}")
         new_section, _, new_leaf = dep.new.replace("_", "-").rpartition(".")
         out.append("--" + _join(new_section, ("no-" if negated else "") + new_leaf) + eq + value)
     return out
+
+
+def _flag_names(args: Sequence[str]) -> set[str]:
+    """The dotted names (``train.lr``, dashes for underscores) of the flags in ``args``, ``--no-`` forms included
+    under their plain name; nothing after a bare ``--``."""
+    names: set[str] = set()
+    for arg in args:
+        if arg == "--":
+            break
+        if arg.startswith("--"):
+            section, _, leaf = arg[2:].partition("=")[0].replace("_", "-").rpartition(".")
+            names.add(_join(section, leaf[3:] if leaf.startswith("no-") else leaf))
+            names.add(_join(section, leaf))
+    return names
 
 
 def _join(section: str, leaf: str) -> str:

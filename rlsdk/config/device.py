@@ -52,7 +52,7 @@ DEVICE_ENV: Final = "RLSDK_DEVICE"
 SHARED_GPU_MEMORY_UTILIZATION: Final = 0.3
 """vLLM's ``--gpu-memory-utilization`` when it shares the one GPU with a train rank: the rest of the card is the
 rank's (weights, gradients, optimizer state, activations). TRL's colocate mode defaults to the same fraction; raise
-it with ``inference.extra_server_args`` when the model is small."""
+it with ``inference.vllm.extra_server_args`` when the model is small."""
 NCCL_TRACE_BUFFER_SIZE: Final = 2000
 """Entries of torch's NCCL Flight Recorder ring buffer per rank (``TORCH_NCCL_TRACE_BUFFER_SIZE``) when the tracer
 is on: the last collectives of each process group, readable while the main thread is stuck."""
@@ -213,7 +213,7 @@ def plan_devices(
     """The device plan of ``launch`` (a :class:`~rlsdk.config.LaunchConfig`).
 
     ``mixed_precision``: ``train.mixed_precision``. ``local_server_gpus``: GPUs a vLLM server the Session starts
-    on this machine needs (replicas x tensor-parallel size; 0 when it starts none, attaches to ``inference.url``
+    on this machine needs (replicas x tensor-parallel size; 0 when it starts none, attaches to ``inference.vllm.url``
     or runs an in-process engine). ``visible_gpus``: the CUDA ids this machine's processes see
     (:func:`visible_cuda_devices`; used with scheduler 'local').
 
@@ -254,5 +254,5 @@ def plan_devices(
         launch.num_ranks,
         f"at most {len(gpus) - local_server_gpus} with a vLLM server of {local_server_gpus} GPU(s) on this machine's "
         f"{len(gpus)} GPU(s) (one GPU per rank, the server on GPUs of its own; it shares a GPU with a rank only on "
-        "a one-GPU machine with num_ranks=1), or inference.url to attach to a server elsewhere",
+        "a one-GPU machine with num_ranks=1), or inference.vllm.url to attach to a server elsewhere",
     )

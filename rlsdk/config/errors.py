@@ -1,4 +1,4 @@
-"""The one error type for bad configuration values."""
+"""The one error type for bad configuration values, and the warning for deprecated ones."""
 
 from __future__ import annotations
 
@@ -13,3 +13,10 @@ class ConfigError(ValueError):
         self.value = value
         self.allowed = allowed
         super().__init__(f"{field}={value!r} is invalid: allowed {allowed}")
+
+
+class ConfigDeprecationWarning(FutureWarning):
+    """A deprecated config key was used; the message names its replacement and the removal version.
+
+    A FutureWarning, so Python shows it by default: the people who see it are the users who wrote the key.
+    """

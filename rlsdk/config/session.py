@@ -31,38 +31,37 @@ _GROUP_RELATIVE = {
 class SessionConfig:
     """Everything a Session needs; each section is validated by its own class.
 
-    Attributes:
-        model: The policy model (required).
-        launch: Train-rank processes and their supervision.
-        inference: The inference engine.
-        train: Optimizer and training loop.
-        algorithm: Policy-gradient algorithm.
-        rollout: Sampling and staleness policy.
-        data: Prompt data set.
-        observe: Logs, metrics and artifacts.
-        seed: Seed for data order, sampling and initialisation, >= 0.
-        run_name: Name of the run, shown in logs and metrics.
-
     Across sections: ``launch.num_ranks`` <= ``data.prompts_per_step`` x ``rollout.group_size`` (every rank
     trains on at least one sample per step); a group-relative advantage ('grpo', 'dr_grpo', 'rloo',
     'reinforce_pp_baseline') needs ``rollout.group_size`` >= 2;
-    ``inference.weight_transfer='inplace'`` needs the engine to serve ``model.dtype``; ``train.mixed_precision=
-    'bf16'`` needs ``model.dtype='float32'``; ``inference.engine='colocated'`` needs ``train.parallelism='ddp'``
-    and ``rollout.mode='sequential'``; ``train.mini_batch_size`` is a multiple of ``launch.num_ranks`` and at
-    most ``data.prompts_per_step`` x ``rollout.group_size``.
+    ``inference.vllm.weight_transfer='inplace'`` needs the engine to serve ``model.dtype`` and
+    ``launch.gpus_per_node=0``; ``train.mixed_precision='bf16'`` needs ``model.dtype='float32'``;
+    ``inference.engine='colocated'`` needs ``train.parallelism='ddp'`` and ``rollout.mode='sequential'``;
+    ``train.mini_batch_size`` is a multiple of ``launch.num_ranks`` and at most ``data.prompts_per_step`` x
+    ``rollout.group_size``.
     """
 
     model: ModelConfig
+    """The policy model (required)."""
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    """Train-rank processes and their supervision."""
     inference: InferenceConfig = field(default_factory=InferenceConfig)
+    """The inference engine."""
     train: TrainConfig = field(default_factory=TrainConfig)
+    """Optimizer and training loop."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Policy-gradient algorithm."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Sampling and staleness policy."""
     data: DataConfig = field(default_factory=DataConfig)
+    """Prompt data set."""
     observe: ObserveConfig = field(default_factory=ObserveConfig)
+    """Logs, metrics and artifacts."""
     seed: int = 0
+    """Seed for data order, sampling and initialisation, >= 0."""
     # TODO(config): constrain run_name (non-empty? path-safe?) once observe/ decides how it is used.
     run_name: str = "run"
+    """Name of the run, shown in logs and metrics."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -72,12 +71,12 @@ class SessionConfig:
     def _validate_cross(self) -> None:
         """Checks spanning sections go here, raising ConfigError naming every field involved."""
         served = self.inference.dtype or self.model.dtype
-        if self.inference.weight_transfer == "inplace" and served != self.model.dtype:
+        if self.inference.vllm.weight_transfer == "inplace" and served != self.model.dtype:
             raise ConfigError(
                 "inference.dtype",
                 self.inference.dtype,
-                f"None or model.dtype ({self.model.dtype!r}) when inference.weight_transfer='inplace' (it copies the "
-                "published bytes straight into the served weights; use 'reload' to serve another dtype)",
+                f"None or model.dtype ({self.model.dtype!r}) when inference.vllm.weight_transfer='inplace' (it copies "
+                "the published bytes straight into the served weights; use 'reload' to serve another dtype)",
             )
         if self.train.mixed_precision == "bf16" and self.model.dtype != "float32":
             raise ConfigError(
@@ -100,10 +99,10 @@ class SessionConfig:
                 "'sequential' when inference.engine='colocated' (the ranks generate and train one after the "
                 "other, so there is nothing to overlap; use inference.engine='embedded' or 'vllm' for 'async')",
             )
-        if self.inference.weight_transfer == "inplace" and self.launch.gpus_per_node > 0:
+        if self.inference.vllm.weight_transfer == "inplace" and self.launch.gpus_per_node > 0:
             raise ConfigError(
-                "inference.weight_transfer",
-                self.inference.weight_transfer,
+                "inference.vllm.weight_transfer",
+                self.inference.vllm.weight_transfer,
                 f"'auto' or 'reload' when launch.gpus_per_node = {self.launch.gpus_per_node} > 0 ('inplace' is the "
                 "CPU path: it copies a shared-memory file into plain CPU weights)",
             )

@@ -1,7 +1,7 @@
 """Start the train ranks on an existing Ray cluster: one placement-group bundle per node, one launch per bundle.
 
 ``ray`` is an optional extra (``pip install 'rlsdk[ray]'``) and is imported only inside the functions that use
-it. The controller connects with ``ray.init(address=launch.ray_address or 'auto')``, reserves a placement group
+it. The controller connects with ``ray.init(address=launch.ray.address or 'auto')``, reserves a placement group
 of ``num_nodes`` bundles (``STRICT_SPREAD``: one per node; ``PACK`` when ``simulate_nodes_on_loopback`` lets all
 bundles share this machine), and starts one small actor per bundle. Actor 0 reports its node's IP, which becomes
 ``--main_process_ip``; each actor then runs the same ``accelerate launch --machine_rank i`` command as the Slurm
@@ -112,7 +112,7 @@ class RayLauncher(SupervisedLauncher):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         owns_connection = not ray.is_initialized()
-        ray.init(address=launch.ray_address or "auto", ignore_reinit_error=True, log_to_driver=False)
+        ray.init(address=launch.ray.address or "auto", ignore_reinit_error=True, log_to_driver=False)
         bundles, strategy = train_bundles(launch)
         group = placement_group(bundles, strategy=strategy, name="rlsdk-train")
         actors: list[Any] = []

@@ -85,9 +85,9 @@ async def start_launcher(
 
     'local': ``accelerate launch`` on this machine. 'slurm': an sbatch job whose script and output lie under
     ``output_dir/launch/slurm``; given the inference engine's ``replica_server`` (vLLM's, when it attaches to no
-    ``inference.url``), the job also runs it on a node of its own (the launcher's ``wait_for_endpoint`` gives its
-    URL); the local and Ray launchers leave it to the engine, which starts its server on this machine. 'ray':
-    placement groups on the Ray cluster at ``launch.ray_address``. Raises ConfigError for a topology this release
+    ``inference.vllm.url``), the job also runs it on a node of its own (the launcher's ``wait_for_endpoint`` gives
+    its URL); the local and Ray launchers leave it to the engine, which starts its server on this machine. 'ray':
+    placement groups on the Ray cluster at ``launch.ray.address``. Raises ConfigError for a topology this release
     cannot run (see :func:`check_runnable`).
     """
     check_runnable(launch)

@@ -13,9 +13,9 @@ channel's address and the session secret, which therefore never appear in the sc
 ``launch.host``, which must be reachable from the compute nodes (see ``LaunchConfig.simulate_nodes_on_loopback``
 for the one-machine simulation the tests run with a fake Slurm, :mod:`rlsdk.testing.fake_slurm`).
 
-vLLM replicas (``inference.engine='vllm'`` without ``inference.url``: :func:`rlsdk.launch.select.start_launcher` is
-given the engine's :class:`~rlsdk.procutil.ReplicaServer`): the allocation grows by one node per replica (after the
-train nodes); the script starts each replica's server (the command rlsdk's local launcher runs, built by
+vLLM replicas (``inference.engine='vllm'`` without ``inference.vllm.url``: :func:`rlsdk.launch.select.start_launcher`
+is given the engine's :class:`~rlsdk.procutil.ReplicaServer`): the allocation grows by one node per replica (after
+the train nodes); the script starts each replica's server (the command rlsdk's local launcher runs, built by
 :func:`rlsdk.engine.inference.vllm_server.replica_server`) with srun on its node, in the background, through
 :mod:`rlsdk.launch.vllm_replica`, which writes the replica's endpoint to
 ``OUTPUT/launch/slurm/endpoints/replica-R.json`` once it is healthy; the controller polls that file
@@ -75,7 +75,8 @@ class VllmReplicaSpec:
             a leading ``env K=V ...``.
         endpoint_dir: Where each replica's wrapper writes ``replica-R.json`` once healthy (shared with the
             controller).
-        start_timeout_s: Seconds a replica's server may take to become healthy (``inference.server_start_timeout_s``).
+        start_timeout_s: Seconds a replica's server may take to become healthy
+            (``inference.vllm.server_start_timeout_s``).
         token: The bearer token every replica requires (fresh per spec; exported to the job, never written).
         token_env: The variable the replicas read the token from (vLLM's ``VLLM_API_KEY``).
     """
@@ -168,10 +169,10 @@ class SlurmJobSpec:
             main_process_port=main_process_port,
             output_path=output_path,
             python=python or sys.executable,
-            cpus_per_task=launch.slurm_cpus_per_task or launch.threads_per_rank * topology.ranks_per_node,
-            time=launch.slurm_time,
-            partition=launch.slurm_partition,
-            account=launch.slurm_account,
+            cpus_per_task=launch.slurm.cpus_per_task or launch.threads_per_rank * topology.ranks_per_node,
+            time=launch.slurm.time,
+            partition=launch.slurm.partition,
+            account=launch.slurm.account,
             gpus_per_node=launch.gpus_per_node,
             vllm=vllm,
         )

@@ -24,6 +24,7 @@ from rlsdk.config import (
     RolloutConfig,
     SessionConfig,
     TrainConfig,
+    VLLMConfig,
 )
 
 # The special tokens: BOS, the tokenizer's EOS, and two more EOS ids only generation_config.json lists.
@@ -145,7 +146,7 @@ def stop_scenario_config(model_dir: Path, output_dir: Path, engine: str) -> Sess
     return SessionConfig(
         model=ModelConfig(path=str(model_dir)),
         launch=LaunchConfig(num_ranks=2, start_timeout_s=180.0, heartbeat_interval_s=0.5, heartbeat_timeout_s=30.0),
-        inference=InferenceConfig(engine=engine, server_start_timeout_s=300.0),  # type: ignore[arg-type]
+        inference=InferenceConfig(engine=engine, vllm=VLLMConfig(server_start_timeout_s=300.0)),  # type: ignore[arg-type]
         train=TrainConfig(lr=1e-3, micro_batch_size=8),
         rollout=RolloutConfig(group_size=2, max_new_tokens=8, stop=("cd",)),
         data=DataConfig(prompts_per_step=4, num_examples=16),

@@ -49,12 +49,12 @@ class RolloutDriver:
         self.rollouts = 0  # rollouts sampled so far; each one's seed derives from it (see seed())
         self.prefetch: asyncio.Task[Rollout] | None = None  # rollout.mode='async': the batch being generated
         self.prefetch_state: tuple[dict[str, Any], int] | None = None  # (data position, rollouts) before it
-        # inference.lookahead: (the next batch's rows, the data position before them), drawn by update() for the
-        # ranks to sample right after it; the next default rollout() or next_prompts() takes these rows.
+        # inference.colocated.lookahead: (the next batch's rows, the data position before them), drawn by update()
+        # for the ranks to sample right after it; the next default rollout() or next_prompts() takes these rows.
         self.lookahead: tuple[list[dict[str, Any]], dict[str, Any]] | None = None
 
     def next_prompts(self) -> list[dict[str, Any]]:
-        if self.lookahead is not None:  # drawn already, for the look-ahead (inference.lookahead)
+        if self.lookahead is not None:  # drawn already, for the look-ahead (inference.colocated.lookahead)
             rows, self.lookahead = self.lookahead[0], None
             return rows
         return normalize_rows(self.owner.prompt_sampler.next_batch())
@@ -123,7 +123,7 @@ class RolloutDriver:
     def next_request(self) -> tuple[list[list[int]], SamplingParams] | None:
         """The prompts and params the next default ``rollout()`` will ask the engine for (the data set's next rows,
         drawn now and kept for it, and the next seed), for an engine that samples them right after an update
-        (the colocated engine's ``inference.lookahead``); ``None`` when they are not known yet (async mode, a
+        (the colocated engine's ``inference.colocated.lookahead``); ``None`` when they are not known yet (async mode, a
         custom workflow, no data left)."""
         owner = self.owner
         if owner.config.rollout.mode != "sequential" or type(owner.workflow) is not SingleTurnWorkflow:

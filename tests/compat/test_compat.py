@@ -12,6 +12,7 @@ import pytest
 from rlsdk.compat import compare, config_schema, snapshot
 from rlsdk.compat.__main__ import main as compat_main
 from rlsdk.config import deprecations
+from rlsdk.config.aliases import moved_fields
 from rlsdk.config.deprecations import ConfigDeprecationWarning, deprecated_field
 from rlsdk.config.io import config_from_dict
 
@@ -38,6 +39,51 @@ class NewTrain:
 @dataclass
 class NewRoot:
     train: NewTrain = field(default_factory=NewTrain)
+
+
+@dataclass
+class FlatEngine:
+    kind: str = "a"
+    cache_gib: int = 1
+
+
+@dataclass
+class FlatEngineRoot:
+    engine: FlatEngine = field(default_factory=FlatEngine)
+
+
+@dataclass
+class Backend:
+    cache_gib: int = 1
+
+
+@moved_fields(remove_in="0.3", cache_gib="backend.cache_gib")
+@dataclass
+class SectionedEngine:
+    kind: str = "a"
+    backend: Backend = field(default_factory=Backend)
+
+
+@dataclass
+class SectionedEngineRoot:
+    engine: SectionedEngine = field(default_factory=SectionedEngine)
+
+
+@dataclass
+class FloatBackend:
+    cache_gib: float = 1.0
+
+
+@moved_fields(remove_in="0.3", cache_gib="backend.cache_gib")
+@dataclass
+class RetypedEngine:
+    kind: str = "a"
+    backend: FloatBackend = field(default_factory=FloatBackend)
+
+
+@dataclass
+class RetypedEngineRoot:
+    engine: RetypedEngine = field(default_factory=RetypedEngine)
 
 
 @pytest.fixture
@@ -77,6 +123,50 @@ def test_rename_with_deprecation_passes_and_old_key_loads_with_warning(registry:
 
     assert report.ok, report.format()
     assert cfg.train.lr == 0.5
+
+
+def test_field_moved_into_a_section_is_reported_as_a_deprecation_not_a_removal() -> None:
+    old, new = {"config": config_schema(FlatEngineRoot)}, {"config": config_schema(SectionedEngineRoot)}
+
+    report = compare(old, new, version="0.1.0")
+
+    assert report.ok, report.format()
+    assert "config field 'engine.cache_gib' is now deprecated: use 'engine.backend.cache_gib', removed in 0.3" in (
+        report.format()
+    )
+    moved = {"engine.cache_gib": {"new": "engine.backend.cache_gib", "remove_in": "0.3"}}
+    assert new["config"]["deprecations"] == moved
+
+
+def test_field_moved_into_a_section_with_another_type_fails() -> None:
+    old, new = {"config": config_schema(FlatEngineRoot)}, {"config": config_schema(RetypedEngineRoot)}
+
+    report = compare(old, new, version="0.1.0")
+
+    assert not report.ok
+    assert "'engine.cache_gib -> engine.backend.cache_gib' changed type int -> float" in report.format()
+
+
+def test_live_moved_fields_against_their_flat_spelling_pass_the_guard_as_deprecations(tmp_path: Path) -> None:
+    # Arrange: the live snapshot as it was before the moves: each moved field flat again, with its type and default
+    live = snapshot()
+    flat = json.loads(json.dumps(live))
+    moved = flat["config"].pop("deprecations")
+    assert {"inference.kv_cache_gib", "launch.slurm_partition", "launch.ray_address"} <= moved.keys()
+    for old_key, dep in moved.items():
+        flat["config"]["fields"][old_key] = flat["config"]["fields"].pop(dep["new"])
+    path = tmp_path / "snapshot.json"
+    path.write_text(json.dumps(flat))
+
+    # Act
+    report = compare(flat, live)
+    rc = compat_main(["check", "--snapshot", str(path)])
+
+    # Assert
+    assert rc == 0 and report.ok, report.format()
+    text = report.format()
+    for old_key, dep in moved.items():
+        assert f"config field {old_key!r} is now deprecated: use {dep['new']!r}, removed in 0.3" in text
 
 
 def test_changed_field_type_fails_saying_never_change_a_type() -> None:

@@ -56,25 +56,25 @@ def test_parse_cli_bool_and_optional_flags_parse(default: SessionConfig) -> None
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--inference.lookahead", "false"], False),
-        (["--inference.lookahead", "False"], False),
-        (["--inference.lookahead=no"], False),
-        (["--inference.lookahead", "off"], False),
-        (["--inference.lookahead", "0"], False),
-        (["--inference.no-lookahead"], False),
-        (["--inference.lookahead", "true"], True),
-        (["--inference.lookahead=YES"], True),
-        (["--inference.lookahead"], True),
+        (["--inference.colocated.lookahead", "false"], False),
+        (["--inference.colocated.lookahead", "False"], False),
+        (["--inference.colocated.lookahead=no"], False),
+        (["--inference.colocated.lookahead", "off"], False),
+        (["--inference.colocated.lookahead", "0"], False),
+        (["--inference.colocated.no-lookahead"], False),
+        (["--inference.colocated.lookahead", "true"], True),
+        (["--inference.colocated.lookahead=YES"], True),
+        (["--inference.colocated.lookahead"], True),
     ],
 )
 def test_parse_cli_bool_flag_with_a_value_means_the_same_as_the_flag_pair(
     default: SessionConfig, args: list[str], expected: bool
 ) -> None:
-    default = parse_cli(default, ["--inference.no-lookahead"] if expected else [])
+    default = parse_cli(default, ["--inference.colocated.no-lookahead"] if expected else [])
 
     cfg = parse_cli(default, [*args, "--seed", "4"])
 
-    assert cfg.inference.lookahead is expected
+    assert cfg.inference.colocated.lookahead is expected
     assert cfg.seed == 4
 
 
@@ -82,7 +82,7 @@ def test_parse_cli_bool_flag_with_a_non_bool_value_exits_naming_the_value(
     default: SessionConfig, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit):
-        parse_cli(default, ["--inference.lookahead", "maybe"])
+        parse_cli(default, ["--inference.colocated.lookahead", "maybe"])
 
     assert "maybe" in _stderr_text(capsys)
 

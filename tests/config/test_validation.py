@@ -8,15 +8,20 @@ import pytest
 
 from rlsdk.config import (
     AlgorithmConfig,
+    ColocatedConfig,
     ConfigError,
     DataConfig,
+    EmbeddedConfig,
     InferenceConfig,
     LaunchConfig,
     ModelConfig,
     ObserveConfig,
+    RayConfig,
     RolloutConfig,
     SessionConfig,
+    SlurmConfig,
     TrainConfig,
+    VLLMConfig,
 )
 
 
@@ -52,7 +57,14 @@ BAD_VALUES = [
     (LaunchConfig, {"trace_poll_s": -1.0}, "trace_poll_s", -1.0),
     (LaunchConfig, {"trace_poll_s": float("inf")}, "trace_poll_s", float("inf")),
     (InferenceConfig, {"engine": "sglang"}, "engine", "sglang"),
-    (InferenceConfig, {"num_threads": 0}, "num_threads", 0),
+    (EmbeddedConfig, {"num_threads": 0}, "num_threads", 0),
+    (VLLMConfig, {"kv_cache_gib": 0}, "kv_cache_gib", 0),
+    (VLLMConfig, {"weight_transfer": "nccl"}, "weight_transfer", "nccl"),
+    (SlurmConfig, {"time": "1h"}, "time", "1h"),
+    (SlurmConfig, {"partition": "a b"}, "partition", "a b"),
+    (SlurmConfig, {"cpus_per_task": 0}, "cpus_per_task", 0),
+    (RayConfig, {"address": ""}, "address", ""),
+    (ColocatedConfig, {"lookahead": "yes"}, "lookahead", "yes"),
     (InferenceConfig, {"max_batch_size": 0}, "max_batch_size", 0),
     (TrainConfig, {"lr": -1.0}, "lr", -1.0),
     (TrainConfig, {"lr": 0.0}, "lr", 0.0),
@@ -190,7 +202,7 @@ def test_tuple_field_list_value_is_stored_as_tuple() -> None:
 
 def test_optional_fields_none_is_accepted() -> None:
     assert TrainConfig(max_grad_norm=None, target_reward=None).max_grad_norm is None
-    assert InferenceConfig(num_threads=None).num_threads is None
+    assert EmbeddedConfig(num_threads=None).num_threads is None
     assert LaunchConfig(command_timeout_s=None).command_timeout_s is None
 
 

@@ -34,6 +34,17 @@ def test_config_reference_lists_every_field_with_its_flag_and_doc(hooks: ModuleT
     assert "Learning rate, > 0." in page
 
 
+def test_config_reference_has_a_table_per_nested_section_and_lists_moved_fields(hooks: ModuleType) -> None:
+    page = hooks.config_reference()
+
+    assert "## inference.vllm\n\n`VLLMConfig`: Options of the vLLM engine" in page
+    assert "## launch.slurm\n\n`SlurmConfig`:" in page
+    row = "| `inference.vllm.kv_cache_gib` | `--inference.vllm.kv-cache-gib` | `int` | `1` | KV-cache size in GiB"
+    assert row in page
+    assert "| `inference.kv_cache_gib` | `inference.vllm.kv_cache_gib` | 0.3 |" in page
+    assert "| `launch.slurm_partition` | `launch.slurm.partition` | 0.3 |" in page
+
+
 def test_config_reference_registered_deprecation_is_listed(hooks: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(deps, "_REGISTRY", {})
     deps.deprecated_field(old="train.learning_rate", new="train.lr", remove_in="0.3")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rlsdk.config import InferenceConfig, LaunchConfig, SessionConfig
+from rlsdk.config import InferenceConfig, LaunchConfig, SessionConfig, VLLMConfig
 from rlsdk.config.device import SHARED_GPU_MEMORY_UTILIZATION, plan_devices
 from rlsdk.engine.inference.protocol import EngineContext
 from rlsdk.engine.inference.vllm import VLLMEngine
@@ -40,7 +40,7 @@ def _config(small_config: SessionConfig, num_ranks: int) -> SessionConfig:
     return dataclasses.replace(
         small_config,
         launch=dataclasses.replace(small_config.launch, num_ranks=num_ranks),
-        inference=InferenceConfig(engine="vllm", extra_server_args=("--seed", "1")),
+        inference=InferenceConfig(engine="vllm", vllm=VLLMConfig(extra_server_args=("--seed", "1"))),
     )
 
 

@@ -9,33 +9,34 @@ from typing import Any
 import pytest
 import torch
 
-from rlsdk.config import ConfigError, InferenceConfig, SessionConfig, config_from_dict, config_to_dict
+from rlsdk.config import ConfigError, InferenceConfig, SessionConfig, VLLMConfig, config_from_dict, config_to_dict
 
 
 def test_inference_config_accepts_vllm_with_server_options_and_round_trips_through_dict() -> None:
-    config = InferenceConfig(engine="vllm", kv_cache_gib=2, max_model_len=64, extra_server_args=["--seed", "1"])
+    vllm = VLLMConfig(kv_cache_gib=2, max_model_len=64, extra_server_args=["--seed", "1"])  # type: ignore[arg-type]
+    config = InferenceConfig(engine="vllm", vllm=vllm)
 
-    assert config.extra_server_args == ("--seed", "1")
+    assert config.vllm.extra_server_args == ("--seed", "1")
     restored = config_from_dict(SessionConfig, {"model": {"path": "m"}, "inference": config_to_dict(config)})
     assert restored.inference == config
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "field"),
+    ("data", "field"),
     [
-        ({"engine": "vllm", "url": "127.0.0.1:8000"}, "InferenceConfig.url"),
-        ({"engine": "embedded", "url": "http://127.0.0.1:8000"}, "InferenceConfig.url"),
-        ({"engine": "vllm", "kv_cache_gib": 0}, "InferenceConfig.kv_cache_gib"),
-        ({"engine": "vllm", "max_model_len": 0}, "InferenceConfig.max_model_len"),
-        ({"engine": "vllm", "sync_timeout_s": 0.0}, "InferenceConfig.sync_timeout_s"),
-        ({"logprob_warn_threshold": 0.0}, "InferenceConfig.logprob_warn_threshold"),
-        ({"extra_server_args": ["--seed", 1]}, "InferenceConfig.extra_server_args"),
-        ({"engine": "sglang"}, "InferenceConfig.engine"),
+        ({"engine": "vllm", "vllm": {"url": "127.0.0.1:8000"}}, "inference.vllm.url"),
+        ({"engine": "embedded", "vllm": {"url": "http://127.0.0.1:8000"}}, "inference.vllm.url"),
+        ({"engine": "vllm", "vllm": {"kv_cache_gib": 0}}, "inference.vllm.kv_cache_gib"),
+        ({"engine": "vllm", "vllm": {"max_model_len": 0}}, "inference.vllm.max_model_len"),
+        ({"engine": "vllm", "vllm": {"sync_timeout_s": 0.0}}, "inference.vllm.sync_timeout_s"),
+        ({"logprob_warn_threshold": 0.0}, "inference.logprob_warn_threshold"),
+        ({"vllm": {"extra_server_args": ["--seed", 1]}}, "inference.vllm.extra_server_args"),
+        ({"engine": "sglang"}, "inference.engine"),
     ],
 )
-def test_inference_config_with_bad_value_raises_config_error_naming_the_field(kwargs: dict, field: str) -> None:
+def test_inference_config_with_bad_value_raises_config_error_naming_the_field(data: dict, field: str) -> None:
     with pytest.raises(ConfigError) as info:
-        InferenceConfig(**kwargs)
+        config_from_dict(SessionConfig, {"model": {"path": "m"}, "inference": data})
 
     assert info.value.field == field
 
@@ -131,7 +132,7 @@ def test_session_config_with_vllm_inplace_transfer_and_another_served_dtype_rais
     with pytest.raises(ConfigError) as info:
         SessionConfig(
             model=ModelConfig(path="m"),
-            inference=InferenceConfig(engine="vllm", weight_transfer="inplace", dtype="bfloat16"),
+            inference=InferenceConfig(engine="vllm", dtype="bfloat16", vllm=VLLMConfig(weight_transfer="inplace")),
         )
 
     assert info.value.field == "inference.dtype" and "inplace" in str(info.value)

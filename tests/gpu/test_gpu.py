@@ -51,7 +51,7 @@ def test_session_on_cuda_with_one_rank_runs_a_verified_step(small_config: Sessio
 @pytest.mark.vllm
 def test_session_on_cuda_syncs_weights_to_vllm_over_nccl_verified_by_checksum(small_config: SessionConfig) -> None:
     _two_gpus()  # the rank on GPU 0, vLLM on GPU 1: NCCL refuses two ranks of one communicator on one GPU
-    # gpus_per_node > 0: inference.weight_transfer 'auto' picks the NCCL broadcast from trainer rank 0.
+    # gpus_per_node > 0: inference.vllm.weight_transfer 'auto' picks the NCCL broadcast from trainer rank 0.
     config = _cuda(small_config, num_ranks=1, gpus_per_node=2)
     config = dataclasses.replace(config, inference=dataclasses.replace(config.inference, engine="vllm"))
 

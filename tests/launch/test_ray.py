@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from rlsdk import Session, SessionConfig
-from rlsdk.config import LaunchConfig
+from rlsdk.config import LaunchConfig, RayConfig
 from rlsdk.launch.ray import inference_bundles, train_bundles
 from rlsdk.rewards import reverse_reward
 
@@ -85,7 +85,7 @@ def test_ray_session_on_two_simulated_nodes_of_a_local_ray_instance_trains_one_s
 
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     # A local instance started by this process stands in for the existing cluster; the Session connects to it by
-    # its GCS address, as it would to a cluster's head (launch.ray_address). address='local': a new instance even
+    # its GCS address, as it would to a cluster's head (launch.ray.address). address='local': a new instance even
     # where another Ray runs on this machine. (`ray start --head` in a subprocess mirrors a cluster more closely,
     # but Ray 2.60 then wants its auth token in the driver, and only `ray stop`, which ends every Ray process of
     # the machine, shuts it down cleanly.)
@@ -99,7 +99,7 @@ def test_ray_session_on_two_simulated_nodes_of_a_local_ray_instance_trains_one_s
         num_nodes=2,
         num_ranks=2,
         simulate_nodes_on_loopback=True,
-        ray_address=context.address_info["gcs_address"],
+        ray=RayConfig(address=context.address_info["gcs_address"]),
     )
     config = dataclasses.replace(small_config, launch=launch)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlsdk.config import InferenceConfig, LaunchConfig, ModelConfig, SessionConfig
+from rlsdk.config import InferenceConfig, LaunchConfig, ModelConfig, SessionConfig, SlurmConfig, VLLMConfig
 from rlsdk.engine.inference.factory import replica_server
 from rlsdk.launch.slurm import SlurmJobSpec, VllmReplicaSpec, node_command, parse_job_id, sbatch_script
 
@@ -20,7 +20,7 @@ CASES = {
         scheduler="slurm", num_nodes=1, num_ranks=2, threads_per_rank=4, host="10.0.0.5", allow_remote=True
     ),
     2: LaunchConfig(
-        scheduler="slurm", num_nodes=2, num_ranks=2, simulate_nodes_on_loopback=True, slurm_time="00:30:00"
+        scheduler="slurm", num_nodes=2, num_ranks=2, simulate_nodes_on_loopback=True, slurm=SlurmConfig(time="00:30:00")
     ),
     16: LaunchConfig(
         scheduler="slurm",
@@ -30,10 +30,7 @@ CASES = {
         gpus_per_node=4,
         host="10.0.0.5",
         allow_remote=True,
-        slurm_partition="gpu",
-        slurm_account="rl-team",
-        slurm_time="2-00:00:00",
-        slurm_cpus_per_task=32,
+        slurm=SlurmConfig(partition="gpu", account="rl-team", time="2-00:00:00", cpus_per_task=32),
     ),
 }
 
@@ -112,7 +109,9 @@ def _vllm_config(num_nodes: int) -> SessionConfig:
     return SessionConfig(
         model=ModelConfig(path="/models/policy"),
         launch=launch,
-        inference=InferenceConfig(engine="vllm", kv_cache_gib=4, max_model_len=2048, server_start_timeout_s=600.0),
+        inference=InferenceConfig(
+            engine="vllm", vllm=VLLMConfig(kv_cache_gib=4, max_model_len=2048, server_start_timeout_s=600.0)
+        ),
     )
 
 
@@ -183,7 +182,9 @@ def test_vllm_replicas_on_gpu_nodes_load_the_nccl_worker_extension_with_their_te
 
 
 def test_replica_server_for_an_attached_vllm_or_another_engine_is_none() -> None:
-    attached = dataclasses.replace(_vllm_config(2), inference=InferenceConfig(engine="vllm", url="http://h:8000"))
+    attached = dataclasses.replace(
+        _vllm_config(2), inference=InferenceConfig(engine="vllm", vllm=VLLMConfig(url="http://h:8000"))
+    )
     embedded = dataclasses.replace(_vllm_config(2), inference=InferenceConfig(engine="embedded"))
 
     assert replica_server(attached) is None

@@ -37,7 +37,6 @@ def test_default_launch_config_is_one_local_node_with_a_pure_data_parallel_mesh(
         ({"num_ranks": 2, "num_nodes": 2, "scheduler": "slurm"}, "host", "simulate_nodes_on_loopback"),
         ({"num_ranks": 2, "scheduler": "ray"}, "host", "scheduler='ray' (its ranks run on other machines)"),
         ({"gpus_per_node": 4, "inference_tensor_parallel_size": 8}, "inference_tensor_parallel_size", "= 4"),
-        ({"slurm_time": "1h"}, "slurm_time", "D-HH:MM:SS"),
         ({"main_process_port": 70000}, "main_process_port", "[1, 65535]"),
     ],
 )

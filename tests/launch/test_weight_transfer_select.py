@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlsdk import Session, SessionConfig
-from rlsdk.config import InferenceConfig, LaunchConfig, ModelConfig
+from rlsdk.config import InferenceConfig, LaunchConfig, ModelConfig, VLLMConfig
 from rlsdk.engine.inference import nccl_sync
 from rlsdk.engine.inference.protocol import WeightInfo
 from rlsdk.engine.inference.weight_transfer import (
@@ -67,11 +67,11 @@ def test_select_weight_transfer_explicit_choice_overrides_the_topology() -> None
 def test_inplace_weight_transfer_on_gpu_nodes_raises_config_error_naming_both_fields() -> None:
     from rlsdk.config import ConfigError
 
-    with pytest.raises(ConfigError, match=r"inference\.weight_transfer.*launch\.gpus_per_node = 8 > 0"):
+    with pytest.raises(ConfigError, match=r"inference\.vllm\.weight_transfer.*launch\.gpus_per_node = 8 > 0"):
         SessionConfig(
             model=ModelConfig(path="unused"),
             launch=GPU_LAUNCH,
-            inference=InferenceConfig(engine="vllm", weight_transfer="inplace"),
+            inference=InferenceConfig(engine="vllm", vllm=VLLMConfig(weight_transfer="inplace")),
         )
 
 
@@ -97,7 +97,10 @@ def test_session_build_engine_gives_the_vllm_engine_the_transfer_of_the_topology
     config = dataclasses.replace(
         small_config,
         launch=dataclasses.replace(small_config.launch, gpus_per_node=gpus_per_node),
-        inference=InferenceConfig(engine="vllm", url="http://10.0.0.9:8000", weight_transfer=choice),  # type: ignore[arg-type]
+        inference=InferenceConfig(
+            engine="vllm",
+            vllm=VLLMConfig(url="http://10.0.0.9:8000", weight_transfer=choice),  # type: ignore[arg-type]
+        ),
     )
 
     engine = asyncio.run(Session(config)._build_engine())

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rlsdk import Session, SessionConfig
+from rlsdk.config import ColocatedConfig
 from rlsdk.rewards import reverse_reward
 
 pytestmark = pytest.mark.distributed
@@ -63,9 +64,11 @@ def test_session_colocated_steps_generate_on_the_ranks_with_the_trained_version_
 def test_session_colocated_lookahead_samples_the_same_batches_as_without_and_skips_the_generate_command(
     small_config: SessionConfig,
 ) -> None:
-    # Arrange: the same run with inference.lookahead on and off
+    # Arrange: the same run with inference.colocated.lookahead on and off
     def run(lookahead: bool) -> dict[str, Any]:
-        inference = dataclasses.replace(small_config.inference, engine="colocated", lookahead=lookahead)
+        inference = dataclasses.replace(
+            small_config.inference, engine="colocated", colocated=ColocatedConfig(lookahead=lookahead)
+        )
         observe = dataclasses.replace(small_config.observe, output_dir=f"{small_config.observe.output_dir}-{lookahead}")
         config = dataclasses.replace(small_config, inference=inference, observe=observe)
 

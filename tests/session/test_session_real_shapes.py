@@ -14,6 +14,7 @@ import pytest
 from rlsdk import Session
 from rlsdk.config import (
     DataConfig,
+    EmbeddedConfig,
     InferenceConfig,
     LaunchConfig,
     ModelConfig,
@@ -53,7 +54,7 @@ def test_s1_shape_trains_twenty_steps_on_fsdp2_bf16_with_token_budgets_and_verif
         train=TrainConfig(
             lr=1e-4, parallelism="fsdp2", mixed_precision="bf16", max_tokens_per_micro_batch=700, micro_batch_size=64
         ),
-        inference=InferenceConfig(num_threads=1),
+        inference=InferenceConfig(embedded=EmbeddedConfig(num_threads=1)),
         rollout=RolloutConfig(group_size=4, max_new_tokens=shape.completion_tokens),
         data=DataConfig(task="file", path=str(prompts), prompts_per_step=2),
         observe=ObserveConfig(output_dir=str(tmp_path / "out"), console=False, tensorboard=False),

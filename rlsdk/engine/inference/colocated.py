@@ -9,7 +9,7 @@ The trade-off: generation and training run one after the other on the same proce
 (generation overlapped with training) has nothing to overlap and is refused by the config; with 'fsdp2' every
 rank would have to run the same number of decode steps (its forward all-gathers), also refused.
 
-Look-ahead (``inference.lookahead``): the engine's own business. Its :meth:`ColocatedEngine.train_fields` asks
+Look-ahead (``inference.colocated.lookahead``): the engine's own business. Its :meth:`ColocatedEngine.train_fields` asks
 the ranks to sample the next default rollout's batch inside the ``update`` command
 (:meth:`ColocatedEngine.lookahead_bodies`), and :meth:`ColocatedEngine.after_train` keeps their results
 (:meth:`ColocatedEngine.hold`), so the next ``generate`` of exactly those prompts and params is answered without a
@@ -105,7 +105,7 @@ class ColocatedEngine(EngineLifecycle):
         self._planned: tuple[list[list[int]], SamplingParams] | None = None
         self._held: tuple[list[list[int]], SamplingParams, list[dict[str, Any]]] | None = None
         self.lookahead_hits = 0  # generate calls answered from a look-ahead result
-        self.lookahead = False  # inference.lookahead: sample the next batch inside each update (see build())
+        self.lookahead = False  # inference.colocated.lookahead: sample the next batch inside each update (see build())
         # After an update: (trainer.commands_sent then, every rank's new version and checksum from it); the next
         # sync verifies these instead of asking again if no rank command ran in between.
         self._trained: tuple[int, list[dict[str, Any]]] | None = None
@@ -122,7 +122,7 @@ class ColocatedEngine(EngineLifecycle):
             eos_token_id=context.special_tokens.eos_token_ids,
             max_batch_size=cfg.inference.max_batch_size,
         )
-        engine.lookahead = bool(cfg.inference.lookahead)
+        engine.lookahead = bool(cfg.inference.colocated.lookahead)
         return engine
 
     @property
@@ -278,7 +278,8 @@ class ColocatedEngine(EngineLifecycle):
         self, world: int, next_request: Callable[[], tuple[Sequence[Sequence[int]], SamplingParams] | None]
     ) -> list[dict[str, Any]]:
         """Every rank returns its new checksum with the update (the next sync verifies them without a round trip)
-        and, with ``inference.lookahead``, samples ``next_request()``'s batch right after it (:meth:`hold`)."""
+        and, with ``inference.colocated.lookahead``, samples ``next_request()``'s batch right after it
+        (:meth:`hold`)."""
         request = next_request() if self.lookahead else None
         bodies = None
         if request is not None:

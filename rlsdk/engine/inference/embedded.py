@@ -60,8 +60,8 @@ def single_thread_caller() -> Callable[[], None]:
     stops spin-waiting (its "throttled" spin count) and every op pays a sleep/wake-up, the embedded engine's
     generation included, from the controller's first small tensor op on (a version mask). With one
     intra-op thread this thread creates no team. OpenMP keeps the count per thread, so the embedded engine's
-    thread (``inference.num_threads``, set on that thread) and the ranks (other processes) keep theirs; a thread
-    torch starts later begins with the count set last (1).
+    thread (``inference.embedded.num_threads``, set on that thread) and the ranks (other processes) keep theirs; a
+    thread torch starts later begins with the count set last (1).
     """
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -193,7 +193,7 @@ class EmbeddedEngine(EngineLifecycle):
             cls.from_pretrained,
             cfg.model.path,
             dtype=inference.dtype or cfg.model.dtype,
-            num_threads=inference.num_threads if inference.num_threads is not None else context.num_threads,
+            num_threads=inference.embedded.num_threads or context.num_threads,  # None: the Session's default
             max_batch_size=inference.max_batch_size,
             special_tokens=context.special_tokens,
         )

@@ -46,7 +46,7 @@ def register_engine(
     """Register the engine ``inference.engine = name`` builds; returns the registration it replaced (None: none),
     so a test can put it back. ``preflight(config)`` raises ``ConfigError`` before any process starts;
     ``replica_server(config, python)`` describes the server a batch launcher starts for this configuration (None:
-    the engine needs none, e.g. it attaches to ``inference.url``).
+    the engine needs none, e.g. it attaches to ``inference.vllm.url``).
 
     Raises:
         ValueError: ``name`` is registered already and ``replace`` is False.

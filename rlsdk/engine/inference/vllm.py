@@ -113,7 +113,7 @@ def check_cpu_head_size(path: str | Path) -> None:
 def check_before_start(config: Any) -> None:
     """What :meth:`VLLMEngine.start` would refuse, checked before any process of a Session starts.
 
-    Only for a server the Session starts on this machine (no ``inference.url``, scheduler 'local') without a CUDA
+    Only for a server the Session starts on this machine (no ``inference.vllm.url``, scheduler 'local') without a CUDA
     device, where vLLM's CPU attention serves: a head size it does not support fails the server only once its
     model is loaded, long after the train ranks started.
 
@@ -122,7 +122,7 @@ def check_before_start(config: Any) -> None:
     """
     from rlsdk.config import ConfigError
 
-    if config.inference.url is not None or config.launch.scheduler != "local" or _cuda_available():
+    if config.inference.vllm.url is not None or config.launch.scheduler != "local" or _cuda_available():
         return
     try:
         check_cpu_head_size(config.model.path)
@@ -273,31 +273,31 @@ class VLLMEngine(EngineLifecycle):
 
     @classmethod
     async def build(cls, context: EngineContext) -> VLLMEngine:
-        """The Session's vLLM engine (``inference.engine='vllm'``): attached to ``inference.url`` or to the replica
-        a Slurm job started, else a server started on a Unix socket in the Session's runtime directory, loading
-        weights only from its publish directory. ``inference.weight_transfer`` 'auto': NCCL broadcast from
-        trainer rank 0 on GPU nodes, else the file reload."""
+        """The Session's vLLM engine (``inference.engine='vllm'``): attached to ``inference.vllm.url`` or to the
+        replica a Slurm job started, else a server started on a Unix socket in the Session's runtime directory,
+        loading weights only from its publish directory. ``inference.vllm.weight_transfer`` 'auto': NCCL broadcast
+        from trainer rank 0 on GPU nodes, else the file reload."""
         from rlsdk.engine.inference.weight_transfer import (
             NCCL_RANK_COMMAND,
             RankCommandTrainer,
             select_weight_transfer,
         )
 
-        cfg, inference, ranks = context.config, context.config.inference, context.trainer
+        cfg, options, ranks = context.config, context.config.inference.vllm, context.trainer
         trainer = RankCommandTrainer(lambda body, t: ranks.broadcast(NCCL_RANK_COMMAND, body, timeout_s=t))
-        transfer = select_weight_transfer(cfg.launch, trainer, inference.weight_transfer)
-        url, token = inference.url, None  # an attached server's token: VLLM_API_KEY (attach)
+        transfer = select_weight_transfer(cfg.launch, trainer, options.weight_transfer)
+        url, token = options.url, None  # an attached server's token: VLLM_API_KEY (attach)
         launcher = context.launcher
         if url is None and getattr(launcher, "vllm_replicas", 0) > 0:
             # The Slurm job runs the replica on a node of its own; its endpoint comes back once it is healthy.
             url = await launcher.wait_for_endpoint(
-                0, timeout_s=cfg.launch.start_timeout_s + inference.server_start_timeout_s
+                0, timeout_s=cfg.launch.start_timeout_s + options.server_start_timeout_s
             )
             token = launcher.vllm_token
         common: dict[str, Any] = {
             "lora_rank": cfg.train.lora_rank,
-            "request_timeout_s": inference.request_timeout_s,
-            "sync_timeout_s": inference.sync_timeout_s,
+            "request_timeout_s": options.request_timeout_s,
+            "sync_timeout_s": options.sync_timeout_s,
             "transfer": transfer,
             "special_tokens": context.special_tokens,
         }
@@ -306,15 +306,15 @@ class VLLMEngine(EngineLifecycle):
         plan = context.device_plan  # on CUDA: the server's GPUs; sharing the rank's card, a memory cap and sleep mode
         return await cls.start(
             cfg.model.path,
-            kv_cache_gib=inference.kv_cache_gib,
-            max_model_len=inference.max_model_len,
-            extra_server_args=[*(plan.server_args() if plan else ()), *inference.extra_server_args],
+            kv_cache_gib=options.kv_cache_gib,
+            max_model_len=options.max_model_len,
+            extra_server_args=[*(plan.server_args() if plan else ()), *options.extra_server_args],
             server_env=plan.server_environment() if plan else None,
-            start_timeout_s=inference.server_start_timeout_s,
+            start_timeout_s=options.server_start_timeout_s,
             on_line=context.on_line,
             runtime_dir=context.runtime_dir,
             weights_dir=context.publish_dir,
-            dtype=inference.dtype or cfg.model.dtype,
+            dtype=cfg.inference.dtype or cfg.model.dtype,
             **common,
         )
 

@@ -132,31 +132,32 @@ def server_environment(base: Mapping[str, str], kv_cache_gib: int) -> dict[str, 
 
 
 def replica_server(config: Any, python: str) -> ReplicaServer | None:
-    """The vLLM replicas a batch launcher runs for ``config`` (None: ``inference.url`` is set, nothing to start):
+    """The vLLM replicas a batch launcher runs for ``config`` (None: ``inference.vllm.url`` is set, nothing to
+    start):
     the local launcher's server flags, the weight transfer's server arguments (the NCCL worker extension when
     ``launch.gpus_per_node > 0``) and ``--tensor-parallel-size`` above 1, with the server's environment."""
     from rlsdk.engine.inference.weight_transfer import weight_transfer_class
 
-    launch, inference = config.launch, config.inference
-    if inference.url is not None:
+    launch, inference, vllm = config.launch, config.inference, config.inference.vllm
+    if vllm.url is not None:
         return None
-    extra = list(weight_transfer_class(launch, inference.weight_transfer).SERVER_ARGS)
+    extra = list(weight_transfer_class(launch, vllm.weight_transfer).SERVER_ARGS)
     replaced = ("--host", "--port", *(arg for arg in extra if arg == "--worker-extension-cls"))
     if launch.inference_tensor_parallel_size > 1:
         extra += ["--tensor-parallel-size", str(launch.inference_tensor_parallel_size)]
     command = server_command(
         config.model.path,
         0,
-        max_model_len=inference.max_model_len,
+        max_model_len=vllm.max_model_len,
         python=python,
         dtype=inference.dtype or config.model.dtype,
     )
-    command = [*_without_options(command, replaced), *extra, *inference.extra_server_args]
-    env = [f"{key}={value}" for key, value in server_environment({}, inference.kv_cache_gib).items()]
+    command = [*_without_options(command, replaced), *extra, *vllm.extra_server_args]
+    env = [f"{key}={value}" for key, value in server_environment({}, vllm.kv_cache_gib).items()]
     return ReplicaServer(
         replicas=launch.inference_replicas,
         command=("env", *env, *command),
-        start_timeout_s=inference.server_start_timeout_s,
+        start_timeout_s=vllm.server_start_timeout_s,
         token_env=TOKEN_ENV,
     )
 

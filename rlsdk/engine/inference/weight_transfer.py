@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from rlsdk.config import LaunchConfig
     from rlsdk.engine.inference.inplace_transfer import InPlaceWeightTransfer
 
-# InferenceConfig.weight_transfer
+# VLLMConfig.weight_transfer (inference.vllm.weight_transfer)
 WeightTransferChoice = Literal["auto", "reload", "inplace"]
 
 
@@ -246,7 +246,7 @@ def _raise_worker_errors(results: Sequence[Any]) -> None:
 def weight_transfer_class(
     launch: LaunchConfig, choice: WeightTransferChoice = "auto"
 ) -> type[FileWeightTransfer] | type[NcclWeightTransfer] | type[InPlaceWeightTransfer]:
-    """The transfer for ``inference.weight_transfer`` = ``choice`` on this topology: 'auto' is
+    """The transfer for ``inference.vllm.weight_transfer`` = ``choice`` on this topology: 'auto' is
     :class:`NcclWeightTransfer` when the nodes have GPUs (``launch.gpus_per_node > 0``), else
     :class:`FileWeightTransfer` (shared memory on one host); 'reload' is :class:`FileWeightTransfer` and 'inplace'
     :class:`~rlsdk.engine.inference.inplace_transfer.InPlaceWeightTransfer` (CPU). Its ``SERVER_ARGS`` are what

@@ -22,6 +22,7 @@ from rlsdk.config import (
     RolloutConfig,
     SessionConfig,
     TrainConfig,
+    VLLMConfig,
 )
 
 _T = TypeVar("_T")
@@ -89,7 +90,7 @@ def vllm_config(vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     return SessionConfig(
         model=ModelConfig(path=str(vllm_model_dir)),
         launch=LaunchConfig(num_ranks=2, start_timeout_s=300.0, heartbeat_interval_s=0.5, heartbeat_timeout_s=30.0),
-        inference=InferenceConfig(engine="vllm", server_start_timeout_s=300.0, sync_timeout_s=60.0),
+        inference=InferenceConfig(engine="vllm", vllm=VLLMConfig(server_start_timeout_s=300.0, sync_timeout_s=60.0)),
         train=TrainConfig(lr=1e-3, micro_batch_size=16),
         rollout=RolloutConfig(group_size=4, max_new_tokens=5),
         data=DataConfig(prompts_per_step=4, num_examples=64),
