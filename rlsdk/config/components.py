@@ -433,6 +433,9 @@ class InferenceConfig:
     engine kind holding the options only that engine reads (``inference.vllm.kv_cache_gib``); a section other
     than the selected engine's is ignored, so one YAML file can switch engines with a single flag."""
 
+    # TODO(config): an engine registered under a new name (rlsdk.engine.inference.register_engine) must also be added
+    # to this Literal, which the ranks re-validate. Widening it to str changes a shared field's type, and a name
+    # registry inside config would have to be rebuilt in every rank process; the contract decides neither.
     engine: Literal["embedded", "vllm", "colocated"] = "embedded"
     """Engine kind: 'embedded' (a transformers model in the controller process, the default), 'vllm' (a real vLLM
     OpenAI-compatible server; needs the ``vllm`` extra, see docs/howto/vllm.md) or 'colocated' (the train ranks generate
