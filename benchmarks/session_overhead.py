@@ -100,11 +100,13 @@ async def session_noop_us(config: SessionConfig, iterations: int, reps: int, raw
     return raw, ours
 
 
-LAUNCHER_IMPORTS = "import accelerate.commands.launch"
+# Each leaves with os._exit, as rlsdk's launcher and ranks do: the interpreter's teardown of torch is not start-up.
+LAUNCHER_IMPORTS = "import os, accelerate.commands.launch\nos._exit(0)"
 RANK_IMPORTS = (
-    "import sys, rlsdk.worker.main, accelerate\n"
+    "import os, sys, rlsdk.worker.main, accelerate\n"
     "from transformers import AutoModelForCausalLM\n"
-    "AutoModelForCausalLM.from_pretrained(sys.argv[1])"
+    "AutoModelForCausalLM.from_pretrained(sys.argv[1])\n"
+    "os._exit(0)"
 )
 
 
