@@ -11,9 +11,9 @@ measures, with that tree's own ``benchmarks/session_overhead.py`` functions:
 
 Both trees train the same policy directory (built once) with the same seed. The ratio is this tree's figure over
 the base's, pair by pair (a repetition's two processes run back to back, so machine drift mostly cancels); the
-table gives the median ratio and its range. The base tree comes from ``git archive REV`` into a temporary
-directory; its benchmarks must have ``session_config``, ``session_steps`` and ``session_noop_us`` (true since the
-session overhead benchmark exists).
+table gives the median ratio, its range, a bootstrap 95% interval of that median and a Wilcoxon signed-rank
+p-value. The base tree comes from ``git archive REV`` into a temporary directory; its benchmarks must have
+``session_config``, ``session_steps`` and ``session_noop_us`` (true since the session overhead benchmark exists).
 
 Usage: ``python benchmarks/versus_revision.py --base REV [--reps 5] [--quick] [--json PATH]``. ``--quick``: 1
 repetition of a few steps (a smoke test, not a measurement).
@@ -22,6 +22,7 @@ repetition of a few steps (a smoke test, not a measurement).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -74,6 +75,24 @@ def measure(tree: Path, model_dir: Path, out: Path, args: argparse.Namespace) ->
     return json.loads(lines[-1].removeprefix("RESULT "))
 
 
+def ratio_interval(ratios: list[float], resamples: int = 20_000) -> dict[str, float | None]:
+    """Is the difference more than noise? A seeded bootstrap 95% interval of the median pair ratio, and the
+    two-sided Wilcoxon signed-rank p-value of the log ratios (None without scipy, the ``bench`` extra's, or with
+    fewer than 6 pairs); an interval holding 1.0 says the two trees cannot be told apart in this run."""
+    import numpy as np
+
+    logs = np.log(np.asarray(ratios, dtype=np.float64))
+    rng = np.random.default_rng(0)
+    medians = np.median(rng.choice(logs, size=(resamples, logs.size)), axis=1)
+    low, high = np.exp(np.percentile(medians, [2.5, 97.5]))
+    p_value = None
+    if logs.size >= 6 and importlib.util.find_spec("scipy") is not None:
+        from scipy import stats
+
+        p_value = float(stats.wilcoxon(logs).pvalue)
+    return {"ci95_low": float(low), "ci95_high": float(high), "wilcoxon_p": p_value}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", required=True, help="the earlier revision (a commit, tag or branch)")
@@ -106,7 +125,12 @@ def main() -> None:
                                "iterations": args.iterations, "runs": figures, "ratios": {}}  # fmt: skip
     for key, unit in (("noop_us", "us"), ("step_s", "s")):
         ratios = [this[key] / base[key] for base, this in zip(figures["base"], figures["this"])]
-        results["ratios"][key] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+        results["ratios"][key] = {
+            "median": statistics.median(ratios),
+            "min": min(ratios),
+            "max": max(ratios),
+            **ratio_interval(ratios),
+        }
         rows = []
         for name in ("base", "this"):
             values = [run[key] for run in figures[name]]
@@ -114,6 +138,11 @@ def main() -> None:
                          "median": statistics.median(values), "min": min(values), "max": max(values),
                          "ratio": statistics.median(ratios) if name == "this" else None})  # fmt: skip
         print_table(f"{key}: this tree over {args.base}, pair by pair", rows, unit)
+        spread = results["ratios"][key]
+        p_text = "n/a" if spread["wilcoxon_p"] is None else f"{spread['wilcoxon_p']:.2f}"
+        print(
+            f"  median pair ratio 95% interval {spread['ci95_low']:.2f}-{spread['ci95_high']:.2f}, Wilcoxon p {p_text}"
+        )
     write_json(args.json, results)
 
 
