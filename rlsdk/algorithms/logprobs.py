@@ -65,7 +65,11 @@ def token_entropy(logits_B_T_V: torch.Tensor, temperature: float = 1.0) -> torch
     _check_temperature(temperature)
     if logits_B_T_V.dim() != 3:
         raise ValueError(f"logits_B_T_V must be 3-D [B, T, V], got shape {tuple(logits_B_T_V.shape)}")
-    logprobs_B_T_V = torch.log_softmax(logits_B_T_V.float() / temperature, dim=-1)
+    return _entropy(torch.log_softmax(logits_B_T_V.float() / temperature, dim=-1))
+
+
+def _entropy(logprobs_B_T_V: torch.Tensor) -> torch.Tensor:
+    """``-sum(p * log p)`` over the last dimension, from log-probabilities."""
     return -(logprobs_B_T_V.exp() * logprobs_B_T_V).sum(dim=-1)
 
 
@@ -232,14 +236,17 @@ def _logprobs_and_entropy(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(logprobs_B_C, entropy_B_C or None)`` from materialised logits; the entropy in the autograd graph only
     with ``entropy_grad``."""
-    logprobs_B_C = token_logprobs(logits_B_C_V, completion_ids_B_C, temperature)
-    entropy_B_C = None
-    if with_entropy and entropy_grad:  # a loss term (entropy bonus): gradients flow through it
-        entropy_B_C = token_entropy(logits_B_C_V, temperature)
-    elif with_entropy:  # a metric only: keep it out of the autograd graph
-        with torch.no_grad():
-            entropy_B_C = token_entropy(logits_B_C_V.detach(), temperature)
-    return logprobs_B_C, entropy_B_C
+    if not with_entropy:
+        return token_logprobs(logits_B_C_V, completion_ids_B_C, temperature), None
+    _check_temperature(temperature)
+    # One log-softmax over [B, C, V] serves both (the widest op of the update at a small model's size): the
+    # logprobs gather from it, the entropy reads it.
+    logprobs_B_C_V = torch.log_softmax(logits_B_C_V.float() / temperature, dim=-1)
+    logprobs_B_C = logprobs_B_C_V.gather(-1, completion_ids_B_C.long().unsqueeze(-1)).squeeze(-1)
+    if entropy_grad:  # a loss term (entropy bonus): gradients flow through it
+        return logprobs_B_C, _entropy(logprobs_B_C_V)
+    with torch.no_grad():  # a metric only: keep it out of the autograd graph
+        return logprobs_B_C, _entropy(logprobs_B_C_V.detach())
 
 
 def distinct_rows(rows: list[list[int]]) -> tuple[list[int], list[int]]:
