@@ -25,12 +25,13 @@ is the issue's target for GRPO).
 
 Deviations (also in the JSON under ``trl_deviations``): TRL trains on what the chat template writes after the
 assistant's ``<|im_end|>`` (a newline), rlsdk stops at the EOS; TRL's samplers shuffle with their own generators;
-TRL runs in one process with 2 torch threads (the machine's cores), rlsdk with 2 ranks x 1 thread and the
-embedded engine's 1 thread; TRL generates with transformers ``generate`` and recomputes nothing (ratio exactly
+TRL runs in one process with 2 torch threads (the machine's cores), rlsdk with 2 ranks x 1 thread that also
+generate (the recipe's ``inference.engine='colocated'``; ``--engine embedded``: plus the controller's engine, 1
+thread); TRL generates with transformers ``generate`` and recomputes nothing (ratio exactly
 1), rlsdk's ranks train on the engine's sampled log-probs.
 
 Usage: ``python benchmarks/trl_post_training.py [--quick] [--seeds 0] [--sft-steps 800] [--grpo-steps 60]
-[--json P]``. Needs the ``bench`` extra (TRL).
+[--engine colocated|embedded] [--json P]``. Needs the ``bench`` extra (TRL).
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ TRL_THREADS = 2
 TRL_DEVIATIONS = [
     "SFT targets: TRL trains on the newline the chat template writes after <|im_end|>; rlsdk stops at the EOS",
     "data order: TRL's samplers shuffle with their own generator; rlsdk's PromptSampler with torch.randperm",
-    "threads: TRL one process with 2 torch threads; rlsdk 2 ranks x 1 thread plus the embedded engine's 1 thread",
+    "threads: TRL one process with 2 torch threads; rlsdk 2 ranks x 1 thread that also generate (colocated), or "
+    "2 ranks x 1 thread plus the embedded engine's 1 thread (see rlsdk_engine)",
     "GRPO old log-probs: TRL (num_iterations=1) uses the detached current ones (ratio exactly 1); rlsdk the "
     "engine's sampled log-probs (ratio 1 up to float rounding)",
     "evaluation: both greedy with rlsdk's sampler on the model being trained, outside the timed training",
@@ -78,6 +80,7 @@ def recipe_config(work: Path, seed: int, args: argparse.Namespace) -> Any:
         base,
         seed=seed,
         model=dataclasses.replace(base.model, path=str(work / "base")),
+        inference=dataclasses.replace(base.inference, engine=args.engine or base.inference.engine),
         train=dataclasses.replace(base.train, max_steps=args.grpo_steps, eval_every=args.grpo_eval_every),
         data=dataclasses.replace(base.data, path=str(paths["rl"]), eval_path=str(paths["test"])),
         observe=dataclasses.replace(base.observe, output_dir=str(work / "rlsdk"), tensorboard=False),
@@ -246,6 +249,8 @@ def run_worker(system: str, seed: int, work: Path, args: argparse.Namespace, che
            "--work-dir", str(work), "--result", str(result), "--sft-steps", str(args.sft_steps),
            "--grpo-steps", str(args.grpo_steps), "--sft-eval-every", str(args.sft_eval_every),
            "--grpo-eval-every", str(args.grpo_eval_every), "--num-test", str(args.num_test)]  # fmt: skip
+    if args.engine:
+        cmd += ["--engine", args.engine]
     if checkpoint is not None:
         cmd += ["--checkpoint", checkpoint]
     env = {**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1",
@@ -257,6 +262,13 @@ def run_worker(system: str, seed: int, work: Path, args: argparse.Namespace, che
     data.update(system=system.split("_")[0], phase=system.split("_")[1], seed=seed,
                 process_seconds=time.perf_counter() - started)  # fmt: skip
     return data
+
+
+def rlsdk_engine() -> str:
+    """The recipe's ``inference.engine`` (what rlsdk's runs use without ``--engine``)."""
+    import sft_then_grpo as recipe
+
+    return recipe.config().inference.engine
 
 
 def time_to(points: list[dict[str, Any]], accuracy: float) -> float | None:
@@ -287,6 +299,8 @@ def main() -> None:
     parser.add_argument("--sft-eval-every", type=int, default=100)
     parser.add_argument("--grpo-eval-every", type=int, default=5)
     parser.add_argument("--num-test", type=int, default=256)
+    parser.add_argument("--engine", choices=("colocated", "embedded"), default=None,
+                        help="rlsdk's inference.engine (default: the recipe's)")  # fmt: skip
     parser.add_argument("--json", default=None)
     parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -324,6 +338,7 @@ def main() -> None:
         args.json,
         {"benchmark": "trl_post_training", "quick": args.quick, "seeds": args.seeds, "command": " ".join(sys.argv),
          "sft_steps": args.sft_steps, "grpo_steps": args.grpo_steps, "trl_threads": TRL_THREADS,
+         "rlsdk_engine": args.engine or rlsdk_engine(),
          "trl_deviations": TRL_DEVIATIONS, "comparisons": comparisons, "runs": runs},
     )  # fmt: skip
 

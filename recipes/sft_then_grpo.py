@@ -17,6 +17,10 @@ TRL's trainers read them), the tokenizer and a ~216k-parameter Qwen2-style model
    held-out split greedily and sampled every ``train.eval_every`` steps. RL turns the carries the policy samples
    sometimes into the ones it writes greedily.
 
+Both phases generate on the train ranks (``inference.engine='colocated'``: no separate engine, no weights to
+copy); ``--inference.engine embedded`` or ``vllm`` serve from a separate engine instead, with the same results up to
+the sampler's random draws.
+
 Held-out accuracy is ``eval/pass@1``: the share of held-out problems whose answer is right (greedy: temperature 0;
 sampled: ``rollout.temperature``, 4 samples per problem). The summary (printed, and written to
 ``OUTPUT/summary.json``) has SFT's accuracy, GRPO's before and after, the gain and the wall time of each phase.
@@ -140,8 +144,11 @@ def config() -> SFTThenGRPOConfig:
         # by about lr whatever the gradient's size; the warm-up keeps them from undoing the SFT policy in one step.
         train=TrainConfig(lr=5e-4, warmup_steps=10, max_steps=150, eval_every=10, micro_batch_size=64),
         rollout=RolloutConfig(group_size=8, max_new_tokens=72, temperature=1.0),
-        # the ranks take a core each (see recipes/grpo_reverse.py)
-        inference=InferenceConfig(embedded=EmbeddedConfig(num_threads=1)),
+        # The ranks generate with the weights they train (docs/howto/colocated.md), as TRL's GRPOTrainer does: on
+        # a CPU machine every rank samples its share of the batch on its own core, where the embedded engine
+        # samples the whole batch on one while the ranks wait, and a sync moves nothing. --inference.engine
+        # embedded runs the controller-side engine instead (then with one thread: the ranks take a core each).
+        inference=InferenceConfig(engine="colocated", embedded=EmbeddedConfig(num_threads=1)),
         data=DataConfig(
             task="file",
             path=str(data_dir / "rl.jsonl"),
