@@ -299,6 +299,25 @@ def test_generate_after_hold_of_another_request_or_a_discard_sends_a_rank_comman
     assert engine.lookahead_hits == 0
 
 
+def test_generate_of_another_request_between_hold_and_rollout_keeps_the_held_result_for_the_rollout(
+    model: torch.nn.Module, prompt_ids: list[list[int]]
+) -> None:
+    # Arrange: the next rollout's batch held; then a greedy evaluation of other prompts asks first
+    ranks = FakeRanks(model, 2)
+    engine = _engine(ranks)
+    params = SamplingParams(max_new_tokens=5, seed=9)
+    bodies = engine.lookahead_bodies(prompt_ids, params)
+    engine.hold([ranks._generate(rank, body) for rank, body in enumerate(bodies)])
+    asyncio.run(engine.generate(prompt_ids[1:], SamplingParams(max_new_tokens=5, temperature=0.0)))
+
+    # Act
+    asyncio.run(engine.generate(prompt_ids, params))
+
+    # Assert: only the evaluation went to the ranks; the rollout took the held batch
+    assert [command for command, _ in ranks.calls] == ["generate"]
+    assert engine.lookahead_hits == 1
+
+
 def test_lookahead_bodies_with_bad_input_raise_like_generate(model: torch.nn.Module) -> None:
     engine = _engine(FakeRanks(model, 2))
 

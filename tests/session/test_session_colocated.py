@@ -61,7 +61,7 @@ def test_session_colocated_steps_generate_on_the_ranks_with_the_trained_version_
     assert (out["sync_commands"], out["sync2_commands"], out["info2"].version) == (0, 1, 2)
 
 
-def test_session_colocated_lookahead_samples_the_same_batches_as_without_and_skips_the_generate_command(
+def test_session_colocated_lookahead_samples_the_batches_as_without_and_skips_the_generate_command_across_evaluation(
     small_config: SessionConfig,
 ) -> None:
     # Arrange: the same run with inference.colocated.lookahead on and off
@@ -80,6 +80,8 @@ def test_session_colocated_lookahead_samples_the_same_batches_as_without_and_ski
                 first = await session.rollout()
                 await session.update(await session.reward(first, reverse_reward))
                 await session.sync_weights()
+                # a held-out evaluation between the update and the rollout leaves the look-ahead batch standing
+                out["evaluation"] = await session.evaluate(None, reverse_reward)
                 sent = session._run.broadcasts
                 second = await session.rollout()  # with look-ahead: sampled inside the update command
                 out["rollout_commands"] = session._run.broadcasts - sent
@@ -113,4 +115,5 @@ def test_session_colocated_lookahead_samples_the_same_batches_as_without_and_ski
         assert torch.equal(ids, ids_off) and torch.equal(versions, versions_off)
         torch.testing.assert_close(logprobs, logprobs_off, rtol=0, atol=0)
     assert on["data_state"] == off["data_state"] and on["counters"] == off["counters"]
+    assert on["evaluation"]["eval/pass@1"] == off["evaluation"]["eval/pass@1"]
     assert on["next_rows"] == off["next_rows"]

@@ -139,17 +139,21 @@ class ColocatedEngine(EngineLifecycle):
 
         With ``params.seed`` each rank seeds its share with a hash of ``(seed, rank)``: the call is reproducible
         for the same prompts, weights, ``num_ranks`` and ``max_batch_size``. Returns the look-ahead result kept
-        by :meth:`hold` without a rank command when it was sampled for exactly these prompts and params.
+        by :meth:`hold` without a rank command when it was sampled for exactly these prompts and params; any other
+        request keeps that result for its own.
 
         Raises:
             ValueError: empty prompt list or prompt, or invalid sampling parameters.
             RuntimeError: the ranks report different weight versions, or the engine is closed.
         """
         prompts = self._check_request(prompt_ids, params)
-        held, self._held = self._held, None
+        held = self._held
         if held is not None and held[0] == prompts and held[1] == params:
+            self._held = None
             self.lookahead_hits += 1
             return self._assemble(held[2])
+        # Another request (a held-out evaluation, explicit prompts) leaves the held result for the rollout it was
+        # sampled for: the weights have not changed since (before_train drops it when they are about to).
         return self._assemble(await self._broadcast("generate", self._bodies(prompts, params)))
 
     def lookahead_bodies(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> list[dict[str, Any]]:
