@@ -281,12 +281,15 @@ def compare(runs: list[dict[str, Any]], phase: str, seed: int) -> dict[str, Any]
     theirs = next(r for r in runs if r["system"] == "trl" and r["phase"] == phase and r["seed"] == seed)
     target = theirs["points"][-1]["accuracy"]
     trl_s, rlsdk_s = time_to(theirs["points"], target), time_to(ours["points"], target)
+    # Both ran the same number of steps: the ratio of their whole training seconds is the ratio of a step's time.
+    trl_total, rlsdk_total = theirs["points"][-1]["train_seconds"], ours["points"][-1]["train_seconds"]
     return {
         "trl_final_accuracy": target,
         "rlsdk_final_accuracy": ours["points"][-1]["accuracy"],
         "trl_seconds_to_it": trl_s,
         "rlsdk_seconds_to_it": rlsdk_s,
         "ratio": None if rlsdk_s is None or not trl_s else rlsdk_s / trl_s,
+        "step_time_ratio": rlsdk_total / trl_total if trl_total else None,
     }
 
 

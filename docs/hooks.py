@@ -738,25 +738,27 @@ def _trl_results(path: Path, prefix: str, level: str) -> list[str]:
     data = json.loads(path.read_text())
     lines += [
         f"`{command}`{QUICK if data.get('quick') else ''}: SFT from the same random init, then GRPO from the same "
-        "SFT checkpoint, TRL's trainers against rlsdk's, the same hyper-parameters as far as they map. "
-        + _environment(data),
+        "SFT checkpoint, TRL's trainers against rlsdk's, the same hyper-parameters as far as they map; rlsdk's "
+        f"`inference.engine='{data.get('rlsdk_engine', 'embedded')}'`. " + _environment(data),
         "",
-        "| phase | TRL final | rlsdk final | TRL s to it | rlsdk s to it | ratio (target <= 0.6) |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| phase | TRL final | rlsdk final | TRL s to it | rlsdk s to it | ratio (target <= 0.6) | "
+        "step time, rlsdk / TRL |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, row in data.get("comparisons", {}).items():
         lines.append(
             f"| {name} | {_pct(row['trl_final_accuracy'])} | {_pct(row['rlsdk_final_accuracy'])} | "
-            f"{_num(row, 'trl_seconds_to_it')} | {_num(row, 'rlsdk_seconds_to_it')} | {_ratio(row.get('ratio'))} |"
+            f"{_num(row, 'trl_seconds_to_it')} | {_num(row, 'rlsdk_seconds_to_it')} | {_ratio(row.get('ratio'))} | "
+            f"{_num(row, 'step_time_ratio', 2)} |"
         )
     deviations = data.get("trl_deviations") or []
     lines += ["", *(f"- {_cell(d)}" for d in deviations), ""]
     return lines + _plot("trl_post_training.png", "held-out accuracy against training seconds, rlsdk and TRL", prefix)
 
 
-def _num(stats: dict[str, Any], key: str) -> str:
+def _num(stats: dict[str, Any], key: str, digits: int = 1) -> str:
     value = stats.get(key)
-    return f"{value:.1f}" if isinstance(value, (int, float)) else "-"
+    return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "-"
 
 
 if __name__ == "__main__":
