@@ -122,7 +122,10 @@ async def session_tiny(out: Path) -> dict[str, Any]:
             stats = await session.update(await session.reward(await session.rollout(), reverse_reward))
             info = await session.sync_weights()
             steps.append({"seconds": time.perf_counter() - t, "version": info.version, "loss": stats["train/loss"]})
+        # one level-1 sleep per update on a shared card (VLLMEngine.prepare_train), each woken by the next call
+        sleeps = getattr(session._engine(), "sleeps", None)
     return {
+        "vllm_sleeps_around_updates": sleeps,
         "start_s": start_s,
         "device": plan.device,
         "rank_gpus": list(plan.rank_gpus),

@@ -50,6 +50,14 @@ class SessionClosedError(RuntimeError):
     """The Session was closed (or failed to start); start a new one."""
 
 
+async def _prepare_train(engine: Any) -> None:
+    """Await the engine's optional ``prepare_train`` hook (see ``SessionEngine.before_train``): engines written
+    before it need not define it."""
+    prepare = getattr(engine, "prepare_train", None)
+    if prepare is not None:
+        await prepare()
+
+
 class Session:
     """A live RL session: background train ranks, an inference engine, and the version ledger.
 
@@ -380,6 +388,7 @@ class Session:
         engine = self._engine()
         cfg = self.config
         engine.before_train()
+        await _prepare_train(engine)
         start = time.perf_counter()
         world = cfg.launch.num_ranks
         prepared = prepare_update(rollout, cfg, self.versions.trainer_version)
@@ -464,6 +473,7 @@ class Session:
         world = self.config.launch.num_ranks
         tensors = sft_tensors(batch, lr, tokenizer=self.tokenizer, special_tokens=self.special_tokens, world=world)
         engine.before_train()
+        await _prepare_train(engine)
         bodies = sft_bodies(tensors, lr, world, engine.train_fields)
         start = time.perf_counter()
         results = await self._broadcast("sft_update", bodies, timeout_s=self.config.launch.command_timeout_s)

@@ -172,8 +172,8 @@ class DevicePlan:
     def server_args(self) -> list[str]:
         """vLLM flags for a server sharing the GPU with a train rank: a capped memory fraction and sleep mode (so
         its KV cache can be freed while the rank updates)."""
-        # TODO(gpu): put the server to sleep around an update (POST /sleep, /wake_up): the engines' before_train /
-        # after_train hooks are synchronous, and an unawaited sleep could still hold the memory the update needs.
+        # With sleep mode the server also frees its KV cache and weights while the ranks update
+        # (VLLMEngine.prepare_train, awaited before each update; woken by the next generation or sync).
         if not self.shares_gpu:
             return []
         return ["--gpu-memory-utilization", str(SHARED_GPU_MEMORY_UTILIZATION), "--enable-sleep-mode"]

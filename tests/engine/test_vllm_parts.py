@@ -251,3 +251,89 @@ def test_shm_leftovers_of_a_killed_process_tree_are_removed_and_unrelated_files_
 
     assert sorted(removed) == sorted([str(used), str(held)])
     assert not used.exists() and unrelated.exists()
+
+
+def _recorded_engine(handler: Any, **kwargs: Any) -> Any:
+    """A VLLMEngine whose HTTP client answers with ``handler`` (no server)."""
+    httpx = pytest.importorskip("httpx", reason="httpx comes with the vllm extra")
+    from rlsdk.engine.inference.vllm import VLLMEngine
+
+    engine = VLLMEngine("http://127.0.0.1:9", pad_token_id=0, sync_timeout_s=5.0, **kwargs)
+    engine._client = httpx.AsyncClient(base_url=engine.url, transport=httpx.MockTransport(handler))
+    return engine
+
+
+def test_vllm_engine_sharing_the_gpu_sleeps_before_an_update_and_wakes_before_the_next_sync() -> None:
+    import asyncio
+
+    httpx = pytest.importorskip("httpx", reason="httpx comes with the vllm extra")
+    calls: list[tuple[str, str]] = []
+    checksum = "xxh3:" + "a" * 32
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append((request.url.path, str(request.url.query, "ascii")))
+        if request.url.path == "/collective_rpc":
+            return httpx.Response(200, json={"results": [{"checksum": checksum, "bytes": 8}]})
+        if request.url.path == "/wake_up":
+            return httpx.Response(200, json={"status": "awake"})
+        return httpx.Response(200, json={})
+
+    async def scenario() -> None:
+        engine = _recorded_engine(handler, sleep_during_train=True)
+        try:
+            await engine.prepare_train()
+            await engine.prepare_train()  # already asleep: no second request
+            calls.append(("-- update --", ""))
+            await engine.load_weights("/dev/shm/v1.safetensors", 1)
+        finally:
+            await engine.close()
+
+    # Act
+    asyncio.run(scenario())
+
+    # Assert: level-1 sleep (weights to host, KV cache freed) once, then a full wake-up before the sync's own
+    # level-0 pause
+    paths = [path for path, _ in calls]
+    assert calls[0] == ("/sleep", "level=1&mode=wait")
+    assert paths[1:3] == ["-- update --", "/wake_up"] and calls[2][1] == ""
+    assert calls[3] == ("/sleep", "level=0&mode=wait")
+
+
+def test_vllm_engine_without_a_shared_gpu_sends_nothing_before_an_update() -> None:
+    import asyncio
+
+    httpx = pytest.importorskip("httpx", reason="httpx comes with the vllm extra")
+    calls: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        return httpx.Response(200, json={})
+
+    async def scenario() -> int:
+        engine = _recorded_engine(handler)
+        try:
+            await engine.prepare_train()
+            return engine.sleeps
+        finally:
+            await engine.close()
+
+    assert asyncio.run(scenario()) == 0 and calls == []
+
+
+def test_vllm_engine_whose_server_does_not_sleep_raises_naming_the_server() -> None:
+    import asyncio
+
+    httpx = pytest.importorskip("httpx", reason="httpx comes with the vllm extra")
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404, text="Not Found")  # started without --enable-sleep-mode / dev mode
+
+    async def scenario() -> None:
+        engine = _recorded_engine(handler, sleep_during_train=True)
+        try:
+            await engine.prepare_train()
+        finally:
+            await engine.close()
+
+    with pytest.raises(RuntimeError, match=r"vLLM server at http://127\.0\.0\.1:9 did not go to sleep.*HTTP 404"):
+        asyncio.run(scenario())

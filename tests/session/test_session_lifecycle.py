@@ -143,3 +143,33 @@ def test_session_with_one_rank_runs_a_verified_step_and_leaves_no_process(small_
     assert config.launch.device == "auto" and device == ("cuda" if torch.cuda.is_available() else "cpu")
     assert list(ranks) == [0] and ranks[0]["world_size"] == 1
     assert not any(_alive(pid) for pid in pids)
+
+
+def test_session_update_awaits_the_engines_prepare_train_hook_before_it_sends_the_update(
+    small_config: SessionConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Arrange: record, at each prepare_train, how many commands the ranks were sent so far
+    from rlsdk.engine.inference.embedded import EmbeddedEngine
+
+    seen: list[int] = []
+    session_ref: list[Session] = []
+
+    async def prepare_train(self: EmbeddedEngine) -> None:
+        await asyncio.sleep(0)  # a real await: the Session must not send the update meanwhile
+        seen.append(session_ref[0]._run.broadcasts)
+
+    monkeypatch.setattr(EmbeddedEngine, "prepare_train", prepare_train)
+
+    async def scenario() -> tuple[int, int]:
+        async with await Session.start(small_config) as session:
+            session_ref.append(session)
+            rollout = await session.reward(await session.rollout(), reverse_reward)
+            before = session._run.broadcasts
+            await session.update(rollout)
+            return before, session._run.broadcasts
+
+    # Act
+    before, after = asyncio.run(scenario())
+
+    # Assert: awaited once, before the update command went out
+    assert seen == [before] and after == before + 1

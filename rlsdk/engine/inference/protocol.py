@@ -141,7 +141,12 @@ class SessionEngine(InferenceEngine, Protocol):
         ...
 
     def before_train(self) -> None:
-        """The ranks' weights are about to change (an ``update`` or ``sft_update``)."""
+        """The ranks' weights are about to change (an ``update`` or ``sft_update``).
+
+        An engine may also define ``async def prepare_train(self) -> None`` (:class:`EngineLifecycle` has a no-op),
+        which the Session awaits right after this hook and before it sends the command: e.g. a vLLM server on the
+        rank's GPU frees its memory there. It is optional, so engines written before it still satisfy this
+        protocol."""
         ...
 
     def train_fields(
@@ -189,6 +194,9 @@ class EngineLifecycle:
         return check_synced(info, published, version)
 
     def before_train(self) -> None:
+        return None
+
+    async def prepare_train(self) -> None:
         return None
 
     def train_fields(

@@ -163,6 +163,7 @@ class VLLMEngine(EngineLifecycle):
         sync_timeout_s: float = 120.0,
         token: str | None = None,
         lora_rank: int = 0,
+        sleep_during_train: bool = False,
     ) -> None:
         import httpx
 
@@ -187,6 +188,12 @@ class VLLMEngine(EngineLifecycle):
         self._sync_lock = asyncio.Lock()
         self._closed = False
         self.last_sync: dict[str, Any] = {}
+        # A server sharing its GPU with a train rank (started with --enable-sleep-mode) frees its KV cache and
+        # moves its weights to host memory while the ranks update (prepare_train), and is woken by the next call
+        # that needs it (_wake): the update gets the card's memory, the server keeps its process and CUDA state.
+        self.sleep_during_train = bool(sleep_during_train)
+        self._asleep = False
+        self.sleeps = 0  # level-1 sleeps around updates so far
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -208,6 +215,7 @@ class VLLMEngine(EngineLifecycle):
         lora_rank: int = 0,
         dtype: str = "float32",
         server_env: Mapping[str, str] | None = None,
+        sleep_during_train: bool = False,
     ) -> VLLMEngine:
         """Start a vLLM server for ``model_path`` and return an engine serving v0 in ``dtype``
         ('float32', 'bfloat16' or 'float16').
@@ -219,7 +227,9 @@ class VLLMEngine(EngineLifecycle):
         :meth:`~rlsdk.engine.inference.vllm_server.VLLMServer.start`. ``special_tokens``: the pad and EOS ids
         (default: resolved from ``model_path``, see :func:`~rlsdk.engine.inference.stopping.resolve_special_tokens`);
         every EOS id stops a completion. ``server_env``: variables added to the server's environment (its GPUs:
-        :meth:`rlsdk.config.device.DevicePlan.server_environment`).
+        :meth:`rlsdk.config.device.DevicePlan.server_environment`). ``sleep_during_train``: the server sleeps
+        (level 1) while the ranks update (:meth:`prepare_train`); ``extra_server_args`` must then hold
+        ``--enable-sleep-mode`` (:meth:`~rlsdk.config.device.DevicePlan.server_args` adds it with a shared GPU).
 
         ``lora_rank > 0`` (``train.lora_rank``): the server also serves one LoRA adapter of that rank
         (``--enable-lora``, runtime adapter loading), and every sync loads the trainer's adapter instead of
@@ -263,6 +273,7 @@ class VLLMEngine(EngineLifecycle):
             sync_timeout_s=sync_timeout_s,
             token=server.token,
             lora_rank=lora_rank,
+            sleep_during_train=sleep_during_train,
         )
         try:
             await engine._post("/update_weight_version", json={"new_version": "0"}, timeout_s=sync_timeout_s)
@@ -304,6 +315,9 @@ class VLLMEngine(EngineLifecycle):
         if url is not None:
             return await cls.attach(url, cfg.model.path, token=token, **common)
         plan = context.device_plan  # on CUDA: the server's GPUs; sharing the rank's card, a memory cap and sleep mode
+        # Asleep during updates only when nothing generates meanwhile: rollout.mode 'async' overlaps generation
+        # with the update, which a sleeping server could not serve.
+        sleep = bool(plan is not None and plan.shares_gpu and cfg.rollout.mode == "sequential")
         return await cls.start(
             cfg.model.path,
             kv_cache_gib=options.kv_cache_gib,
@@ -315,6 +329,7 @@ class VLLMEngine(EngineLifecycle):
             runtime_dir=context.runtime_dir,
             weights_dir=context.publish_dir,
             dtype=cfg.inference.dtype or cfg.model.dtype,
+            sleep_during_train=sleep,
             **common,
         )
 
@@ -482,6 +497,7 @@ class VLLMEngine(EngineLifecycle):
         """
         validate_params(params.max_new_tokens, params.temperature, params.top_k, params.top_p)
         check_stop_strings(params.stop)
+        await self._wake()
         prompts = [list(ids) for ids in prompt_ids]
         if not prompts:
             raise ValueError("prompt_ids is empty: need at least one prompt")
@@ -552,6 +568,7 @@ class VLLMEngine(EngineLifecycle):
             WeightSyncError: any step failed or took longer than ``sync_timeout_s``; names the version, the
                 server and the cause.
         """
+        await self._wake()
         async with self._sync_lock:
             start = time.perf_counter()
             timeout = self._sync_timeout_s
@@ -659,6 +676,41 @@ class VLLMEngine(EngineLifecycle):
         )
         loaded["load_s"] = time.perf_counter() - start
         return loaded
+
+    async def prepare_train(self) -> None:
+        """Before the ranks update, with ``sleep_during_train``: ``/sleep?level=1&mode=wait`` (requests in flight
+        finish, then vLLM discards the KV cache and moves the weights to host memory, freeing the GPU memory the
+        update needs). Awaited by the Session before it sends the update; the next generation or sync wakes the
+        server first (:meth:`_wake`). Nothing without ``sleep_during_train``.
+
+        Raises:
+            RuntimeError: the server did not go to sleep within ``sync_timeout_s``.
+        """
+        if not self.sleep_during_train or self._asleep:
+            return
+        async with self._sync_lock:
+            try:
+                await self._post("/sleep", params={"level": 1, "mode": "wait"}, timeout_s=self._sync_timeout_s)
+            except Exception as exc:
+                raise RuntimeError(
+                    f"the vLLM server at {self.url} did not go to sleep before an update: {exc}"
+                ) from exc
+            self._asleep = True
+            self.sleeps += 1
+
+    async def _wake(self) -> None:
+        """Wake a server :meth:`prepare_train` put to sleep (``/wake_up``: weights back on the GPU, a fresh KV
+        cache, the scheduler running); nothing when it is awake."""
+        if not self._asleep:
+            return
+        async with self._sync_lock:
+            if not self._asleep:  # another call woke it while this one waited for the lock
+                return
+            try:
+                await self._post("/wake_up", timeout_s=self._sync_timeout_s)
+            except Exception as exc:
+                raise RuntimeError(f"the vLLM server at {self.url} did not wake up after an update: {exc}") from exc
+            self._asleep = False
 
     async def _resume(self, timeout_s: float) -> None:
         """End the level-0 sleep of :meth:`load_weights`: ``/wake_up?tags=scheduling`` resumes the scheduler and
