@@ -38,8 +38,9 @@ run: $(VENV)/.stamp-base $(if $(findstring vllm,$(ARGS)),$(VENV)/.stamp-vllm)
 # smoke runs, the real browser): `make test-slow` runs those, `make test TEST_MARKERS=` everything.
 TEST_MARKERS ?= not slow
 
+# --durations: every run lists its slowest tests, so the default suite's length (kept under 30 minutes) is watched.
 test: $(VENV)/.stamp-dev $(VENV)/.stamp-vllm
-	$(BIN)/python -m pytest $(if $(TEST_MARKERS),-m "$(TEST_MARKERS)") $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(if $(TEST_MARKERS),-m "$(TEST_MARKERS)") --durations=30 $(PYTEST_ARGS)
 
 test-slow: $(VENV)/.stamp-dev $(VENV)/.stamp-vllm
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
