@@ -87,6 +87,7 @@ def completion_logprobs(
     share_prompts: bool = False,
     max_logits_bytes: int | None = DEFAULT_MAX_LOGITS_BYTES,
     uniform_calls: bool = False,
+    prompt_groups_B: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities (and optionally entropies) of the completion tokens, in one forward pass.
 
@@ -134,6 +135,10 @@ def completion_logprobs(
             model call, so ranks whose micro-batches differ in repeats would otherwise issue different collectives
             and hang (the shared path makes one call when ``C == 1``, two otherwise: callers that trim
             micro-batches keep ``C >= 2`` where the batch has it).
+        prompt_groups_B: with ``share_prompts``, int64 ON THE CPU, equal for rows with the same prompt (same ids
+            under the same mask, as :meth:`rlsdk.engine.train.engine.TrainEngine.with_prompt_groups` computes from
+            the CPU copy of a batch): the distinct prompts are then found from it on the host. ``None``: from the
+            ids, which on a GPU copies them to the host (a device-host sync per call).
 
     Returns:
         ``(logprobs_B_C, entropy_B_C or None)``, float32, in nats.
@@ -157,13 +162,13 @@ def completion_logprobs(
         fused = _FusedHead(head, temperature, with_entropy, entropy_grad, max_logits_bytes)
         return _fused_completion_logprobs(
             model, fused, prompt_ids_B_P, prompt_mask_B_P, completion_ids_B_C, attention_mask_B_T, position_ids_B_T,
-            share_prompts=share_prompts, uniform_calls=uniform_calls,
+            share_prompts=share_prompts, uniform_calls=uniform_calls, prompt_groups_B=prompt_groups_B,
         )  # fmt: skip
     logits_B_C_V = None
     if share_prompts:
         logits_B_C_V = _shared_prompt_logits(
             model, prompt_ids_B_P, prompt_mask_B_P, completion_ids_B_C, attention_mask_B_T, position_ids_B_T,
-            uniform_calls=uniform_calls,
+            uniform_calls=uniform_calls, prompt_groups_B=prompt_groups_B,
         )  # fmt: skip
     if logits_B_C_V is None:
         logits_B_C_V = _one_call_logits(model, prompt_ids_B_P, completion_ids_B_C, attention_mask_B_T, position_ids_B_T)
@@ -275,6 +280,7 @@ def _shared_prompt_logits(
     position_ids_B_T: torch.Tensor,
     *,
     uniform_calls: bool = False,
+    prompt_groups_B: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """The logits ``completion_logprobs`` needs (``[B, C, V]``, predicting each completion token), with every
     distinct prompt through the model once; ``None`` when no prompt repeats or the model returns no selectable
@@ -286,7 +292,7 @@ def _shared_prompt_logits(
     """
     prompt_len = prompt_ids_B_P.shape[1]
     completion_len = completion_ids_B_C.shape[1]
-    distinct = _distinct_prompts(prompt_ids_B_P, prompt_mask_B_P, uniform_calls)
+    distinct = _distinct_prompts(prompt_ids_B_P, prompt_mask_B_P, uniform_calls, prompt_groups_B)
     if distinct is None:
         return None
     first_U, inverse_B = distinct
@@ -309,18 +315,39 @@ def _shared_prompt_logits(
 
 
 def _distinct_prompts(
-    prompt_ids_B_P: torch.Tensor, prompt_mask_B_P: torch.Tensor, uniform_calls: bool = False
+    prompt_ids_B_P: torch.Tensor,
+    prompt_mask_B_P: torch.Tensor,
+    uniform_calls: bool = False,
+    prompt_groups_B: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(first_U, inverse_B)`` of the distinct prompts (same ids under the same mask, padding zeroed; see
-    :func:`distinct_rows`); None when no prompt repeats, unless ``uniform_calls``."""
+    :func:`distinct_rows`), on the ids' device; None when no prompt repeats, unless ``uniform_calls``.
+    ``prompt_groups_B`` (CPU): found from those labels on the host, no device-host copy."""
+    if prompt_groups_B is not None:
+        return _distinct_groups(prompt_groups_B, prompt_ids_B_P.device, uniform_calls)
     prompt_mask_B_P = prompt_mask_B_P.long()
     key_B_2P = torch.cat([prompt_ids_B_P.long() * prompt_mask_B_P, prompt_mask_B_P], dim=1)
-    # TODO(engine): on CUDA this .tolist() is a host sync per micro-batch; find the distinct prompts on the CPU copy
-    # of the shard before it moves to the device (tests/gpu/test_gpu.py holds a strict xfail until then).
-    first_U, inverse = distinct_rows(key_B_2P.tolist())
+    first_U, inverse = distinct_rows(key_B_2P.tolist())  # on a GPU, a device-host sync: see prompt_groups_B
     if len(first_U) == key_B_2P.shape[0] and not uniform_calls:
         return None
     return torch.tensor(first_U, device=key_B_2P.device), torch.tensor(inverse, device=key_B_2P.device)
+
+
+def _distinct_groups(
+    groups_B: torch.Tensor, device: torch.device, uniform_calls: bool
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`_distinct_prompts` from per-row group labels held on the CPU: host work only, then two small copies
+    to ``device``. Groups come in the order of their labels, not of first appearance (any order shares the same
+    prompts)."""
+    if groups_B.device.type != "cpu":
+        raise ValueError(f"prompt_groups_B must be on the CPU (it spares a device-host copy), got {groups_B.device}")
+    unique_U, inverse_B = torch.unique(groups_B, return_inverse=True)
+    batch, count = groups_B.shape[0], unique_U.shape[0]
+    if count == batch and not uniform_calls:
+        return None
+    rows_B = torch.arange(batch)
+    first_U = torch.full((count,), batch, dtype=torch.long).scatter_reduce(0, inverse_B, rows_B, reduce="amin")
+    return first_U.to(device, non_blocking=True), inverse_B.to(device, non_blocking=True)
 
 
 def _prompt_pass(
@@ -444,13 +471,16 @@ def _fused_completion_logprobs(
     *,
     share_prompts: bool,
     uniform_calls: bool,
+    prompt_groups_B: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`completion_logprobs` with the LM head fused (``fused``): the same one-call and shared-prompt model
     calls, each returning log-probabilities (and entropies) of its completion tokens instead of logits."""
     prompt_len = prompt_ids_B_P.shape[1]
     completion_ids_B_C = completion_ids_B_C.long()
     completion_len = completion_ids_B_C.shape[1]
-    distinct = _distinct_prompts(prompt_ids_B_P, prompt_mask_B_P, uniform_calls) if share_prompts else None
+    distinct = (
+        _distinct_prompts(prompt_ids_B_P, prompt_mask_B_P, uniform_calls, prompt_groups_B) if share_prompts else None
+    )
     if distinct is not None:
         first_U, inverse_B = distinct
         with fused.targets(completion_ids_B_C[:, :1], rows_B=inverse_B) as produced:

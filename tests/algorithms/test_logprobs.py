@@ -155,6 +155,36 @@ def test_completion_logprobs_share_prompts_repeated_prompts_equal_one_call_logpr
         torch.testing.assert_close(shared[2][name], grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
+@pytest.mark.parametrize("max_logits_bytes", [None, 64], ids=["materialised", "fused-head"])
+def test_completion_logprobs_with_host_prompt_groups_equal_the_groups_found_from_the_ids(
+    tiny_model: torch.nn.Module, max_logits_bytes: int | None
+) -> None:
+    # Arrange: the labels TrainEngine.with_prompt_groups finds on the CPU copy of a shard
+    inputs = _grouped_batch(5)
+    mask_B_P = inputs[1].long()
+    _, groups_B = torch.unique(torch.cat([inputs[0] * mask_B_P, mask_B_P], dim=1), dim=0, return_inverse=True)
+
+    # Act
+    from_ids = _logprobs_entropy_grads(tiny_model, inputs, share=True, max_logits_bytes=max_logits_bytes)
+    from_groups = _logprobs_entropy_grads(
+        tiny_model, inputs, share=True, max_logits_bytes=max_logits_bytes, prompt_groups_B=groups_B
+    )
+
+    # Assert
+    torch.testing.assert_close(from_groups[0], from_ids[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(from_groups[1], from_ids[1], rtol=1e-5, atol=1e-5)
+    for name, grad in from_ids[2].items():
+        torch.testing.assert_close(from_groups[2][name], grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_completion_logprobs_with_prompt_groups_off_the_cpu_raises_naming_them(tiny_model: torch.nn.Module) -> None:
+    inputs = _grouped_batch(2)
+    groups_B = torch.zeros(inputs[0].shape[0], dtype=torch.long, device="meta")
+
+    with pytest.raises(ValueError, match=r"prompt_groups_B must be on the CPU"):
+        completion_logprobs(tiny_model, *inputs, share_prompts=True, prompt_groups_B=groups_B)
+
+
 def test_completion_logprobs_share_prompts_with_context_mask_equals_one_call(tiny_model: torch.nn.Module) -> None:
     # multi-turn: tokens in context (a tool output) but not trained on
     prompt_ids_B_P, prompt_mask_B_P, completion_ids_B_C, completion_mask_B_C = _grouped_batch(5)

@@ -41,7 +41,7 @@ def count_host_syncs() -> Iterator[Counter[str]]:
 
 
 @pytest.mark.parametrize(("micro_batch_size", "micro_batches"), [(4, 3), (12, 1)])
-def test_update_step_syncs_the_host_once_per_micro_batch_and_once_for_its_metrics(
+def test_update_step_syncs_the_host_once_for_its_metrics_whatever_its_micro_batches(
     tiny_model_dir: Path, micro_batch_size: int, micro_batches: int
 ) -> None:
     from accelerate import Accelerator
@@ -57,11 +57,10 @@ def test_update_step_syncs_the_host_once_per_micro_batch_and_once_for_its_metric
     with count_host_syncs() as counts:
         result = engine.update(batch, tokens, num_sequences_global=batch["completion_ids_B_C"].shape[0])
 
-    # The bound, call by call: one .tolist() per micro-batch in rlsdk/algorithms/logprobs.py::_distinct_prompts
-    # (the shared-prompt pass finds the distinct prompts on the host), and one at the end of TrainEngine.update
-    # (the step's metric sums, maxima and gradient norm, gathered into one tensor). No .item() or .cpu(): the loss,
-    # the log-probs, the gradient norm and the optimizer step stay on the device.
-    # TODO(engine): find the distinct prompts on the CPU copy of the shard before it reaches the device, so the
-    # micro-batch loop syncs nothing (the gpu-marked test tests/gpu/test_gpu.py expects that, strictly xfailed).
-    assert dict(counts) == {"tolist": micro_batches + 1}
+    # The bound, call by call: one .tolist() at the end of TrainEngine.update (the step's metric sums, maxima and
+    # gradient norm, gathered into one tensor), whatever the micro-batch count. The shared-prompt pass of each
+    # micro-batch reads the distinct prompts from labels found on the CPU copy of the shard
+    # (TrainEngine.with_prompt_groups), not from the ids. No .item() or .cpu(): the loss, the log-probs, the
+    # gradient norm and the optimizer step stay on the device.
+    assert dict(counts) == {"tolist": 1}
     assert result["version"] == 1

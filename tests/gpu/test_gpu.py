@@ -116,11 +116,6 @@ def test_nccl_flight_recorder_shows_a_desync_at_the_same_sequence_number() -> No
     assert last[0][1] == f"{NCCL}:all_reduce" and last[1][1] == f"{NCCL}:broadcast"  # ... different collectives
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rlsdk/algorithms/logprobs.py::_distinct_prompts copies prompt ids to the host once per micro-batch "
-    "(tests/engine/test_host_syncs.py counts it); remove this mark when it runs on the CPU copy of the shard",
-)
 def test_update_on_cuda_makes_no_host_sync_before_its_metrics(tiny_model_dir: Path) -> None:
     import sys
 
@@ -135,7 +130,9 @@ def test_update_on_cuda_makes_no_host_sync_before_its_metrics(tiny_model_dir: Pa
     model_dir = str(tiny_model_dir)
     config = SessionConfig(model=ModelConfig(path=model_dir), train=TrainConfig(micro_batch_size=4))
     engine = TrainEngine(config, Accelerator(**accelerator_kwargs("cuda")))
-    batch = {k: v.to("cuda") for k, v in _make_batch(model_dir, group_size=3).items()}
+    # as TrainEngine.update does with what the controller sends: the prompt groups found on the CPU copy, then the
+    # shard on the device (the groups stay on the host)
+    batch = engine.on_device(engine.with_prompt_groups(_make_batch(model_dir, group_size=3)))
     tokens = int(batch["completion_mask_B_C"].sum())
     engine.update(batch, tokens, num_sequences_global=12)  # warm-up: allocations and kernels' first launch
 

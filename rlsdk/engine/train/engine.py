@@ -39,6 +39,8 @@ _SUM_KEYS = (
 )  # fmt: skip
 # Trainer-vs-engine agreement extremes; the ratio minimum is packed negated so that every entry is a maximum.
 _MAX_KEYS = ("logprob_absdiff_max", "ratio_max", "neg_ratio_min")
+# Shard keys that stay on the CPU when the shard moves to the device (TrainEngine.with_prompt_groups).
+HOST_KEYS = frozenset({"prompt_group_B"})
 
 
 # torch dtype -> safetensors dtype code (the header's "dtype").
@@ -395,7 +397,7 @@ class TrainEngine:
             # freed pages, which would sit under this update's peak.
             release_freed_memory()
         train = self.config.train
-        shard = self.on_device(shard)
+        shard = self.on_device(self.with_prompt_groups(shard))
         bounds = minibatch_bounds(shard["completion_ids_B_C"].shape[0], train.mini_batch_size, self.world_size)
         if minibatches is None and len(bounds) == 1:
             minibatches = [(num_tokens_global, num_sequences_global)]
@@ -454,9 +456,24 @@ class TrainEngine:
         return result_dict
 
     def on_device(self, shard: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """``shard`` on the ranks' device (the controller sends CPU tensors); the same tensors on CPU."""
+        """``shard`` on the ranks' device (the controller sends CPU tensors); the same tensors on CPU. Host-side
+        keys (``prompt_group_B``, see :meth:`with_prompt_groups`) stay where they are."""
         device = self.accelerator.device
-        return {name: tensor.to(device) for name, tensor in shard.items()}
+        return {name: tensor if name in HOST_KEYS else tensor.to(device) for name, tensor in shard.items()}
+
+    def with_prompt_groups(self, shard: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``shard`` with ``prompt_group_B``: int64 on the CPU, equal for rows with the same prompt (ids under the
+        same mask), found on the CPU copy the controller sent, so the shared-prompt pass of each micro-batch
+        needs no device-host copy of the ids (:func:`~rlsdk.algorithms.logprobs.completion_logprobs`'s
+        ``prompt_groups_B``). Unchanged when prompts are not shared, when it has them, or when its ids are
+        already on an accelerator (then each micro-batch finds them itself)."""
+        ids_B_P = shard["prompt_ids_B_P"]
+        if not self._logits_options()["share_prompts"] or "prompt_group_B" in shard or ids_B_P.device.type != "cpu":
+            return shard
+        mask_B_P = shard["prompt_mask_B_P"].long()
+        key_B_2P = torch.cat([ids_B_P.long() * mask_B_P, mask_B_P], dim=1)
+        _, group_B = torch.unique(key_B_2P, dim=0, return_inverse=True)
+        return {**shard, "prompt_group_B": group_B}
 
     @property
     def world_size(self) -> int:
@@ -496,6 +513,7 @@ class TrainEngine:
                 mb["completion_ids_B_C"],
                 mb["completion_mask_B_C"],
                 attention_mask_B_C=mb.get("completion_attention_mask_B_C"),
+                prompt_groups_B=mb.get("prompt_group_B"),
                 **options,
             )
 
@@ -592,7 +610,7 @@ class TrainEngine:
         the loss already needs, on the device, with no extra host sync.
         """
         batch_size = self._check_update_shard(shard)
-        shard = self.on_device(shard)
+        shard = self.on_device(self.with_prompt_groups(shard))
         world = self.accelerator.num_processes
         algo = self.config.algorithm.resolved()
         if num_sequences_global is None:
@@ -629,7 +647,8 @@ class TrainEngine:
         # completion_attention_mask_B_C default: completion_mask_B_C (attend = train); old_logprobs_B_C (the
         # proximal log-probs of update()'s several optimizer steps) default: this forward's, detached
         # agreement_mask_B_C default: completion_mask_B_C (see _agreement_tokens)
-        optional = {"completion_attention_mask_B_C", "old_logprobs_B_C", "agreement_mask_B_C"}
+        # prompt_group_B: with_prompt_groups's host-side labels
+        optional = {"completion_attention_mask_B_C", "old_logprobs_B_C", "agreement_mask_B_C", "prompt_group_B"}
         if not expected <= set(shard) <= expected | optional:
             raise ValueError(
                 f"update shard has keys {sorted(shard)}, expected {sorted(expected)} (+ optional {sorted(optional)})"
@@ -771,7 +790,7 @@ class TrainEngine:
         batch_size = shard["completion_ids_B_C"].shape[0]
         if batch_size == 0:
             raise ValueError("sft_update shard is empty: every rank needs at least one sequence")
-        shard = self.on_device(shard)
+        shard = self.on_device(self.with_prompt_groups(shard))
         denom = num_tokens_global / self.accelerator.num_processes
         self.model.train()
         sums = torch.zeros(2, dtype=torch.float64, device=self.accelerator.device)

@@ -96,9 +96,13 @@ def equalize(batches: list[list[int]], count: int, prompts: list[int], completio
 def take(shard: dict[str, torch.Tensor], rows: list[int], prompt_len: int, completion_len: int) -> dict:
     """The micro-batch of ``rows``, trimmed to its longest prompt (the last ``prompt_len`` columns: left padding)
     and completion (the first ``completion_len`` columns)."""
-    index = torch.tensor(rows, dtype=torch.long, device=shard["completion_ids_B_C"].device)
+    # One index per device: host-side keys (TrainEngine.with_prompt_groups) stay on the CPU.
+    indices = {torch.device("cpu"): torch.tensor(rows, dtype=torch.long)}
     micro: dict[str, torch.Tensor] = {}
     for name, tensor in shard.items():
+        index = indices.get(tensor.device)
+        if index is None:
+            index = indices[tensor.device] = indices[torch.device("cpu")].to(tensor.device, non_blocking=True)
         selected = tensor[index]
         if name in PROMPT_KEYS:
             selected = selected[:, selected.shape[1] - prompt_len :]
