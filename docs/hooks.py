@@ -751,9 +751,28 @@ def _trl_results(path: Path, prefix: str, level: str) -> list[str]:
             f"{_num(row, 'trl_seconds_to_it')} | {_num(row, 'rlsdk_seconds_to_it')} | {_ratio(row.get('ratio'))} | "
             f"{_num(row, 'step_time_ratio', 2)} |"
         )
+    lines += ["", *_trl_medians(data.get("comparisons", {}))]
     deviations = data.get("trl_deviations") or []
     lines += ["", *(f"- {_cell(d)}" for d in deviations), ""]
     return lines + _plot("trl_post_training.png", "held-out accuracy against training seconds, rlsdk and TRL", prefix)
+
+
+def _trl_medians(comparisons: dict[str, Any]) -> list[str]:
+    """One line per phase: the median over seeds of the time-to-accuracy ratio and of the step-time ratio."""
+    import statistics
+
+    lines = []
+    for phase in ("sft", "grpo"):
+        rows = [row for name, row in comparisons.items() if name.startswith(f"{phase}_")]
+        ratios = [row["ratio"] for row in rows if isinstance(row.get("ratio"), (int, float))]
+        steps = [row["step_time_ratio"] for row in rows if isinstance(row.get("step_time_ratio"), (int, float))]
+        if ratios:
+            step = f", step time {statistics.median(steps):.2f}" if steps else ""
+            lines.append(
+                f"Median over {len(rows)} seeds, {phase.upper()}: time to TRL's final accuracy "
+                f"{statistics.median(ratios):.2f} of TRL's{step}."
+            )
+    return [" ".join(lines)] if lines else []
 
 
 def _num(stats: dict[str, Any], key: str, digits: int = 1) -> str:
