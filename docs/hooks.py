@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -759,8 +760,6 @@ def _trl_results(path: Path, prefix: str, level: str) -> list[str]:
 
 def _trl_medians(comparisons: dict[str, Any]) -> list[str]:
     """One line per phase: the median over seeds of the time-to-accuracy ratio and of the step-time ratio."""
-    import statistics
-
     lines = []
     for phase in ("sft", "grpo"):
         rows = [row for name, row in comparisons.items() if name.startswith(f"{phase}_")]

@@ -52,8 +52,7 @@ def token_logprobs(logits_B_T_V: torch.Tensor, tokens_B_T: torch.Tensor, tempera
             f"logits_B_T_V shape {tuple(logits_B_T_V.shape)} does not match tokens_B_T shape "
             f"{tuple(tokens_B_T.shape)}: need [B, T, V] and [B, T]"
         )
-    logprobs_B_T_V = torch.log_softmax(logits_B_T_V.float() / temperature, dim=-1)
-    return logprobs_B_T_V.gather(-1, tokens_B_T.long().unsqueeze(-1)).squeeze(-1)
+    return _gather(_log_softmax(logits_B_T_V, temperature), tokens_B_T)
 
 
 def token_entropy(logits_B_T_V: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -65,7 +64,17 @@ def token_entropy(logits_B_T_V: torch.Tensor, temperature: float = 1.0) -> torch
     _check_temperature(temperature)
     if logits_B_T_V.dim() != 3:
         raise ValueError(f"logits_B_T_V must be 3-D [B, T, V], got shape {tuple(logits_B_T_V.shape)}")
-    return _entropy(torch.log_softmax(logits_B_T_V.float() / temperature, dim=-1))
+    return _entropy(_log_softmax(logits_B_T_V, temperature))
+
+
+def _log_softmax(logits_B_T_V: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``log_softmax(logits / temperature)`` in float32."""
+    return torch.log_softmax(logits_B_T_V.float() / temperature, dim=-1)
+
+
+def _gather(logprobs_B_T_V: torch.Tensor, tokens_B_T: torch.Tensor) -> torch.Tensor:
+    """The log-probabilities of ``tokens_B_T``."""
+    return logprobs_B_T_V.gather(-1, tokens_B_T.long().unsqueeze(-1)).squeeze(-1)
 
 
 def _entropy(logprobs_B_T_V: torch.Tensor) -> torch.Tensor:
@@ -244,10 +253,9 @@ def _logprobs_and_entropy(
     if not with_entropy:
         return token_logprobs(logits_B_C_V, completion_ids_B_C, temperature), None
     _check_temperature(temperature)
-    # One log-softmax over [B, C, V] serves both (the widest op of the update at a small model's size): the
-    # logprobs gather from it, the entropy reads it.
-    logprobs_B_C_V = torch.log_softmax(logits_B_C_V.float() / temperature, dim=-1)
-    logprobs_B_C = logprobs_B_C_V.gather(-1, completion_ids_B_C.long().unsqueeze(-1)).squeeze(-1)
+    # One [B, C, V] log-softmax serves both: the logprobs gather from it, the entropy reads it.
+    logprobs_B_C_V = _log_softmax(logits_B_C_V, temperature)
+    logprobs_B_C = _gather(logprobs_B_C_V, completion_ids_B_C)
     if entropy_grad:  # a loss term (entropy bonus): gradients flow through it
         return logprobs_B_C, _entropy(logprobs_B_C_V)
     with torch.no_grad():  # a metric only: keep it out of the autograd graph
