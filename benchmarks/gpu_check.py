@@ -124,8 +124,10 @@ async def session_tiny(out: Path) -> dict[str, Any]:
             steps.append({"seconds": time.perf_counter() - t, "version": info.version, "loss": stats["train/loss"]})
         # one level-1 sleep per update on a shared card (VLLMEngine.prepare_train), each woken by the next call
         sleeps = getattr(session._engine(), "sleeps", None)
+        transfer = getattr(getattr(session._engine(), "transfer", None), "name", None)
     return {
         "vllm_sleeps_around_updates": sleeps,
+        "weight_transfer": transfer,  # 'ipc' on a shared card (CUDA IPC handle of rank 0's packed weights)
         "start_s": start_s,
         "device": plan.device,
         "rank_gpus": list(plan.rank_gpus),
@@ -205,6 +207,7 @@ async def s2_run(out: Path, steps: int, gemm: float | None) -> dict[str, Any]:
                 }
             )
             print(f"  S2 step {index}: " + ", ".join(f"{k} {v:.3g}" for k, v in records[-1].items() if v), flush=True)
+        transfer = getattr(session.engine.transfer, "name", None)
     timed = [r for r in records if not r["warmup"]] or records
     medians = {
         key: statistics.median(r[key] for r in timed)
@@ -215,6 +218,7 @@ async def s2_run(out: Path, steps: int, gemm: float | None) -> dict[str, Any]:
     return {
         "parameters": shape.parameters(),
         "weight_bytes": weight_bytes,
+        "weight_transfer": transfer,
         "steps": records,
         "median": medians,
     }

@@ -97,6 +97,10 @@ class TraceMirror:
             rec = pending.pop(index, None)
             if rec is not None:
                 rec["t_end"], rec["root"] = t_end, root
+        for index, site in answer.get("sites") or ():  # a Flight Recorder rank placed a pending call later
+            rec = pending.get(index)
+            if rec is not None and rec.get("site") in (None, "?"):
+                rec["site"] = site
         fresh = [row for row in answer.get("records") or () if isinstance(row, list) and len(row) == len(FIELDS)]
         expected = self._next[rank]
         if fresh and expected is not None and fresh[0][_INDEX] > expected:
@@ -121,7 +125,7 @@ class TraceMirror:
             self._next[rank] = fresh[-1][_INDEX] + 1
         elif expected is None:
             self._next[rank] = int(answer.get("count") or 0)
-        state = {key: value for key, value in answer.items() if key not in ("records", "done")}
+        state = {key: value for key, value in answer.items() if key not in ("records", "done", "sites")}
         state["records"] = [dict(rec) for rec in records]  # a snapshot: later polls update the mirror's copies
         state["truncated"] = not self._complete[rank]
         return state

@@ -11,7 +11,15 @@ from typing import Any
 
 from rlsdk.debug.tracer import get_tracer, snapshot, thread_stacks
 
-__all__ = ["TRACE_POLL_QUERY", "TRACE_QUERY", "install_trace_query", "poll_state", "trace_state"]
+__all__ = [
+    "TRACE_POLL_QUERY",
+    "TRACE_QUERY",
+    "flight_recorder_poll_state",
+    "flight_recorder_trace_state",
+    "install_trace_query",
+    "poll_state",
+    "trace_state",
+]
 
 TRACE_QUERY = "trace"
 """Name of the control-channel query answered with :func:`trace_state`."""
@@ -35,7 +43,12 @@ def poll_state(body: Any = None) -> dict[str, Any]:
         ValueError: a malformed body.
     """
     tracer = get_tracer()
-    key = str(tracer.rank)
+    since, pending = _poll_body(body, str(tracer.rank))
+    return tracer.poll(since, pending)
+
+
+def _poll_body(body: Any, key: str) -> tuple[int | None, list[int]]:
+    """This rank's ``since`` and ``pending`` from a ``trace_poll`` body (see :func:`poll_state`)."""
     body = body if body is not None else {}
     if not isinstance(body, dict) or not isinstance(body.get("since", {}), dict):
         raise ValueError("trace_poll body must be {'since': {rank: int}, 'pending': {rank: [int]}}")
@@ -45,10 +58,31 @@ def poll_state(body: Any = None) -> dict[str, Any]:
         raise ValueError(f"trace_poll since={since!r} is invalid: allowed None or an int >= 0")
     if not isinstance(pending, list) or not all(type(index) is int for index in pending):
         raise ValueError("trace_poll pending must be a list of record indices (ints)")
-    return tracer.poll(since, pending)
+    return since, pending
 
 
-def install_trace_query(channel: Any) -> None:
-    """Answer ``trace`` and ``trace_poll`` queries on ``channel`` (a ``RankChannel``) from its event thread."""
+def flight_recorder_poll_state(body: Any = None) -> dict[str, Any]:
+    """:func:`poll_state` answered from torch's Flight Recorder (:mod:`rlsdk.debug.flight_recorder`)."""
+    from rlsdk.debug import flight_recorder
+
+    since, pending = _poll_body(body, str(get_tracer().rank))
+    return flight_recorder.poll(since, pending)
+
+
+def flight_recorder_trace_state(body: Any = None) -> dict[str, Any]:
+    """:func:`trace_state` answered from torch's Flight Recorder (:mod:`rlsdk.debug.flight_recorder`)."""
+    from rlsdk.debug import flight_recorder
+
+    return flight_recorder.snapshot()
+
+
+def install_trace_query(channel: Any, *, flight_recorder: bool = False) -> None:
+    """Answer ``trace`` and ``trace_poll`` queries on ``channel`` (a ``RankChannel``) from its event thread: from
+    the ``traced`` backend's records, or with ``flight_recorder`` (CUDA ranks on NCCL, with the tracer on) from
+    torch's Flight Recorder buffer, in the same shape."""
+    if flight_recorder:
+        channel.set_query_handler(TRACE_QUERY, flight_recorder_trace_state)
+        channel.set_query_handler(TRACE_POLL_QUERY, flight_recorder_poll_state)
+        return
     channel.set_query_handler(TRACE_QUERY, trace_state)
     channel.set_query_handler(TRACE_POLL_QUERY, poll_state)

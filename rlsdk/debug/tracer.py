@@ -40,6 +40,7 @@ __all__ = [
     "get_tracer",
     "init_traced_process_group",
     "install",
+    "internal_prefixes",
     "read_tail",
     "set_command",
     "snapshot",
@@ -88,7 +89,8 @@ _get_ident = threading.get_ident
 _TAIL_FIELDS = (*FIELDS[:11], "t_start", *FIELDS[14:])
 
 
-def _internal_prefixes() -> tuple[str, ...]:
+def internal_prefixes() -> tuple[str, ...]:
+    """File prefixes of the frames a call site skips: torch, rlsdk's tracer modules, accelerate, transformers."""
     import torch
 
     prefixes = [os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep]
@@ -137,6 +139,9 @@ class Tracer:
         """Records appended since the tracer was created (the next record's ``index``)."""
         self.last_command_seq: int | None = None
         """Sequence number of the latest command this rank started (it stays set after the command ends)."""
+        self.command_history: deque[tuple[float, str | None, int | None]] = deque(maxlen=256)
+        """(monotonic time, name, seq) of the latest command changes: which command a call recorded elsewhere (the
+        Flight Recorder, :mod:`rlsdk.debug.flight_recorder`) belongs to, by its time."""
 
     # ------------------------------------------------------------------ recording (hot path)
 
@@ -144,7 +149,7 @@ class Tracer:
         internal = self._internal.get(code)
         if internal is None:
             if self._prefixes is None:
-                self._prefixes = _internal_prefixes()
+                self._prefixes = internal_prefixes()
             filename = code.co_filename
             internal = filename.startswith(self._prefixes) or filename.startswith("<")
             self._internal[code] = internal
@@ -363,6 +368,7 @@ def set_command(name: str | None, seq: int | None) -> None:
     """Tag later records with the Session command ``name`` / ``seq`` (``None``: between commands)."""
     tracer = get_tracer()
     tracer.command = (name, seq)
+    tracer.command_history.append((time.monotonic(), name, seq))
     if seq is not None:
         tracer.last_command_seq = seq
 

@@ -47,6 +47,7 @@ class Worker:
         self.world_size = world_size
         self.engine: Any = None
         self.nccl: Any = None  # NcclRankSide of broadcast_weights_nccl, made on first use
+        self.ipc: Any = None  # IpcRankSide of share_weights_ipc, made on first use
         # (done, total) of the running command, shown by the Session's progress bars (RankChannel.set_progress)
         self.report_progress = report_progress
         self.handlers: dict[str, Callable[[dict[str, Any]], Any]] = {
@@ -59,6 +60,7 @@ class Worker:
             "export_weights": self.export_weights,
             "save_checkpoint": self.save_checkpoint,
             "broadcast_weights_nccl": self.broadcast_weights_nccl,
+            "share_weights_ipc": self.share_weights_ipc,
             "raise": self.raise_error,
             "call_function": self.call_function,
         }
@@ -192,6 +194,17 @@ class Worker:
             self.nccl = NcclRankSide(self.rank)
         return self.nccl.handle(self._require_engine(), body)
 
+    def share_weights_ipc(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The trainer's half of the weight sync to a vLLM server on the rank's own GPU (one card):
+        ``body["step"]`` is 'export' or 'release' (see :class:`rlsdk.engine.inference.ipc_sync.IpcRankSide`).
+        Every rank runs every step ('export' gathers the weights, a collective with 'fsdp2'); rank 0 answers, the
+        others return None. Needs CUDA on rank 0."""
+        from rlsdk.engine.inference.ipc_sync import IpcRankSide
+
+        if self.ipc is None:
+            self.ipc = IpcRankSide(self.rank)
+        return self.ipc.handle(self._require_engine(), body)
+
 
 def main() -> None:
     startup = {"imported": time.time()}  # this module's imports (torch) are done
@@ -296,8 +309,9 @@ def _process_group(channel: Any, device: Device = "cpu") -> list[Any]:
     from rlsdk.debug.rank import install_trace_query
     from rlsdk.launch.rendezvous import rank_store
 
-    install_trace_query(channel)  # stacks of every thread, with or without the tracer
     record = os.environ.get("RLSDK_TRACER") == "1"
+    # stacks of every thread, with or without the tracer; on CUDA the records come from NCCL's Flight Recorder
+    install_trace_query(channel, flight_recorder=record and device == "cuda")
     shm_allreduce = os.environ.get("RLSDK_SHM_ALLREDUCE") == "1"
     store = rank_store(int(os.environ["WORLD_SIZE"]), timeout)
     if device == "cuda":

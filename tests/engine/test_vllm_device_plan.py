@@ -60,6 +60,9 @@ def test_vllm_server_sharing_the_one_gpu_gets_it_with_a_memory_cap_and_sleep_mod
         "--seed",  # the user's own arguments come last, so they can override the plan's
         "1",
     ]
+    # NCCL cannot put the rank and the server's worker on one GPU: the weights go by CUDA IPC, whose worker
+    # extension the server is started with
+    assert kwargs["transfer"].name == "ipc"
 
 
 def test_vllm_server_beside_seven_ranks_gets_the_eighth_gpu_alone(

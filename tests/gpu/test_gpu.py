@@ -8,7 +8,6 @@ import asyncio
 import dataclasses
 import multiprocessing as mp
 import os
-import pickle
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,8 @@ import pytest
 import torch
 
 from rlsdk import Session, SessionConfig
-from rlsdk.config.device import NCCL, NCCL_TRACE_BUFFER_SIZE, accelerator_kwargs, process_group_backend
+from rlsdk.config.device import NCCL_TRACE_BUFFER_SIZE, accelerator_kwargs, process_group_backend
+from rlsdk.debug.analyze import analyze
 from rlsdk.rewards import reverse_reward
 
 pytestmark = pytest.mark.gpu
@@ -86,8 +86,10 @@ def _mismatched_rank(rank: int, port: int, out: Any) -> None:
     else:
         dist.broadcast(tensor, src=0, async_op=True)
     time.sleep(3.0)
-    dump = pickle.loads(torch._C._distributed_c10d._dump_nccl_trace())  # this process's own dump
-    out.put((rank, [(e["collective_seq_id"], e["profiling_name"]) for e in dump["entries"]]))
+    from rlsdk.debug.flight_recorder import FlightRecorderView
+
+    # what a rank answers the controller's trace query with on CUDA (rlsdk.debug.rank)
+    out.put((rank, FlightRecorderView("cuda").snapshot()))
     out.close()
     out.join_thread()
     os._exit(0)  # the hung NCCL kernels would block a clean shutdown
@@ -111,9 +113,14 @@ def test_nccl_flight_recorder_shows_a_desync_at_the_same_sequence_number() -> No
             if proc.is_alive():
                 proc.kill()
 
-    last = {rank: entries[-1] for rank, entries in traces.items()}
-    assert last[0][0] == last[1][0]  # the same collective sequence number ...
-    assert last[0][1] == f"{NCCL}:all_reduce" and last[1][1] == f"{NCCL}:broadcast"  # ... different collectives
+    last = {rank: state["records"][-1] for rank, state in traces.items()}
+    assert last[0]["seq"] == last[1]["seq"]  # the same collective sequence number ...
+    assert (last[0]["op"], last[1]["op"]) == ("allreduce", "broadcast")  # ... different collectives
+    report = analyze(traces, site_check=lambda site: False)  # the analyser, report and notebook view of CPU ranks
+    assert report.divergence is not None and report.divergence.kind == "op mismatch"
+    assert report.divergence.seq == last[0]["seq"] and report.divergence.certain
+    # the call site is this file's async collective, found in the Flight Recorder's frames
+    assert all("test_gpu.py:" in side["record"]["site"] for side in report.divergence.sides)
 
 
 def test_update_on_cuda_makes_no_host_sync_before_its_metrics(tiny_model_dir: Path) -> None:
@@ -144,3 +151,39 @@ def test_update_on_cuda_makes_no_host_sync_before_its_metrics(tiny_model_dir: Pa
             engine._optimizer_step()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def _open_and_checksum(handle: dict[str, Any], layout: list[dict[str, Any]], out: Any) -> None:
+    """The vLLM worker's half of the shared-card sync in another process on the same GPU: map, view, checksum."""
+    from rlsdk.engine.inference.ipc_sync import open_storage, unpack
+    from rlsdk.engine.weights import state_dict_checksum
+
+    torch.cuda.set_device(0)
+    tensors = unpack(open_storage(handle, 0), layout)
+    out.put(state_dict_checksum(tensors))
+
+
+def test_cuda_ipc_handle_maps_rank_zeros_packed_weights_bit_identically_in_another_process() -> None:
+    from rlsdk.engine.inference.ipc_sync import export_storage, pack_state_dict
+    from rlsdk.engine.weights import state_dict_checksum
+
+    generator = torch.Generator().manual_seed(0)
+    state_dict = {
+        "embed.weight": torch.randn(1000, 64, generator=generator).to("cuda", torch.bfloat16),
+        "norm.weight": torch.ones(64, device="cuda"),
+    }
+    state_dict["lm_head.weight"] = state_dict["embed.weight"]  # tied
+    buffer, layout = pack_state_dict(state_dict)
+    handle = export_storage(buffer)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_open_and_checksum, args=(handle, layout, out))
+
+    proc.start()
+    try:
+        received = out.get(timeout=120)
+    finally:
+        proc.join(timeout=30)
+
+    assert proc.exitcode == 0
+    assert received == state_dict_checksum(state_dict)

@@ -296,7 +296,15 @@ class VLLMEngine(EngineLifecycle):
 
         cfg, options, ranks = context.config, context.config.inference.vllm, context.trainer
         trainer = RankCommandTrainer(lambda body, t: ranks.broadcast(NCCL_RANK_COMMAND, body, timeout_s=t))
-        transfer = select_weight_transfer(cfg.launch, trainer, options.weight_transfer)
+        plan = context.device_plan  # on CUDA: the server's GPUs; sharing the rank's card, a memory cap and sleep mode
+        transfer = select_weight_transfer(
+            cfg.launch,
+            trainer,
+            options.weight_transfer,
+            # a server this Session starts on the rank's own card (an attached or Slurm one never shares it)
+            shares_gpu=bool(plan is not None and plan.shares_gpu and options.url is None),
+            rank_call=lambda command, body, t: ranks.broadcast(command, body, timeout_s=t),
+        )
         url, token = options.url, None  # an attached server's token: VLLM_API_KEY (attach)
         launcher = context.launcher
         if url is None and getattr(launcher, "vllm_replicas", 0) > 0:
@@ -314,7 +322,6 @@ class VLLMEngine(EngineLifecycle):
         }
         if url is not None:
             return await cls.attach(url, cfg.model.path, token=token, **common)
-        plan = context.device_plan  # on CUDA: the server's GPUs; sharing the rank's card, a memory cap and sleep mode
         # Asleep during updates only when nothing generates meanwhile: rollout.mode 'async' overlaps generation
         # with the update, which a sleeping server could not serve.
         sleep = bool(plan is not None and plan.shares_gpu and cfg.rollout.mode == "sequential")
@@ -733,11 +740,12 @@ class VLLMEngine(EngineLifecycle):
         return WeightInfo(version=_parse_version(body.get("weight_version")), checksum=checksums.pop() or "")
 
     async def sync(self, trainer: TrainerHandle, version: int) -> WeightInfo:
-        """The trainer's ``version`` to this server by its transfer, verified. NCCL (GPU, full weights): no file,
-        the transfer has trainer rank 0 broadcast and checks the workers' checksums, and what rank 0 sent is
+        """The trainer's ``version`` to this server by its transfer, verified. NCCL or CUDA IPC (GPU, full weights):
+        no file, the transfer has trainer rank 0 send and checks the workers' checksums, and what rank 0 sent is
         verified here. Otherwise rank 0 publishes a file (a LoRA run: the adapter directory) and the server loads
         it (reload or in-place)."""
-        if self.transfer.name == "nccl" and self.lora_name is None:
+        # ``direct``: the transfer moves tensors, not a file (transfers written before it: the NCCL one by name)
+        if getattr(self.transfer, "direct", self.transfer.name == "nccl") and self.lora_name is None:
             info = await self.load_weights("", version)
             return check_synced(info, {"path": "", **self.transfer.last_sent}, version)  # type: ignore[attr-defined]
         return await super().sync(trainer, version)

@@ -1,10 +1,12 @@
-"""How published trainer weights reach a vLLM server: a small interface with a CPU (file) and a GPU (NCCL) path.
+"""How published trainer weights reach a vLLM server: a small interface with a CPU (file) and two GPU paths.
 
 CPU (:class:`FileWeightTransfer`): the trainer publishes weights with ``TrainEngine.export_weights`` (a safetensors
 file under ``/dev/shm`` on this machine) and every server worker reads that file. GPU (:class:`NcclWeightTransfer`):
 trainer rank 0 broadcasts its tensors over NCCL into every server worker (the rank and worker halves are in
-:mod:`rlsdk.engine.inference.nccl_sync`). Either way a transfer reports the checksum of what the server loaded,
-and the engine brackets every push with pause/resume and the version update; a transfer only moves bytes.
+:mod:`rlsdk.engine.inference.nccl_sync`); on a card the server shares with the rank (:class:`IpcWeightTransfer`),
+rank 0 hands the worker a CUDA IPC handle of its packed weights (:mod:`rlsdk.engine.inference.ipc_sync`). Either
+way a transfer reports the checksum of what the server loaded, and the engine brackets every push with pause/resume
+and the version update; a transfer only moves bytes.
 :func:`select_weight_transfer` picks one from the launch topology.
 
 This module imports neither torch's CUDA parts nor vLLM: the controller builds transfers on any machine.
@@ -162,6 +164,7 @@ class NcclWeightTransfer:
     """
 
     name = "nccl"
+    direct = True  # no published file: the engine verifies against last_sent
     SERVER_ARGS: tuple[str, ...] = ("--worker-extension-cls", NCCL_WORKER_EXTENSION)
 
     def __init__(self, trainer: TrainerEndpoint, rendezvous: NcclRendezvous | None = None) -> None:
@@ -235,6 +238,77 @@ class NcclWeightTransfer:
         return loaded
 
 
+IPC_WORKER_EXTENSION = "rlsdk.engine.inference.ipc_sync.IpcWeightSyncExtension"
+
+# The rank command (rlsdk.worker) that runs the train ranks' half of the shared-card path.
+IPC_RANK_COMMAND = "share_weights_ipc"
+
+
+class IpcWeightTransfer:
+    """GPU path on a shared card (one GPU: the train rank and vLLM on it, ``DevicePlan.shares_gpu``): trainer
+    rank 0 packs its weights into one CUDA buffer and the vLLM worker on the same GPU maps it through a CUDA IPC
+    handle and loads it (:mod:`rlsdk.engine.inference.ipc_sync`); a :class:`WeightTransfer`.
+
+    ``call(body, timeout_s)`` sends :data:`IPC_RANK_COMMAND` to every rank and returns their results (index =
+    rank). ``push`` exports (every rank gathers with 'fsdp2'; rank 0 answers), runs the worker's
+    ``rlsdk_ipc_receive``, then always asks rank 0 to release the buffer, all within ``timeout_s``. ``path`` is
+    ignored: nothing goes through files. :attr:`last_sent` keeps what the trainer exported (``version``,
+    ``checksum``, ``bytes``) for the Session's own verification.
+
+    Raises :class:`WeightSyncTimeoutError` when the sync does not finish within ``timeout_s``, ``RuntimeError``
+    when a worker reports an error (the weights it serves may then be partly new; its recorded checksum is
+    cleared, so the next verification fails), and :class:`~rlsdk.versioning.WeightMismatchError` when rank 0
+    exported another version than ``version`` or a worker's checksum differs from the trainer's.
+    """
+
+    name = "ipc"
+    direct = True  # no published file: the engine verifies against last_sent
+    SERVER_ARGS: tuple[str, ...] = ("--worker-extension-cls", IPC_WORKER_EXTENSION)
+
+    def __init__(self, call: Callable[[dict[str, Any], float], Awaitable[list[Any]]]) -> None:
+        self._call = call
+        self.last_sent: dict[str, Any] = {}
+
+    def server_args(self) -> Sequence[str]:
+        return self.SERVER_ARGS
+
+    async def push(self, rpc: CollectiveRpc, path: str, version: int, timeout_s: float) -> dict[str, Any]:
+        start = time.perf_counter()
+        try:
+            return await asyncio.wait_for(self._push(rpc, version, timeout_s, start), timeout=timeout_s)
+        except TimeoutError:
+            raise WeightSyncTimeoutError(
+                f"CUDA IPC weight sync of v{version} did not finish within {timeout_s:.1f} s (trainer rank 0 or the "
+                "vLLM worker is stuck or died)"
+            ) from None
+
+    async def _push(self, rpc: CollectiveRpc, version: int, timeout_s: float, start: float) -> dict[str, Any]:
+        exported = (await self._call({"step": "export"}, timeout_s))[0]
+        if not isinstance(exported, dict) or "handle" not in exported:
+            raise RuntimeError(f"{IPC_RANK_COMMAND} 'export': trainer rank 0 returned {exported!r}")
+        self.last_sent = {k: exported[k] for k in ("version", "checksum", "bytes")}
+        try:
+            body = {"handle": exported["handle"], "layout": exported["layout"], "version": version}
+            results = await rpc("rlsdk_ipc_receive", body, timeout_s)
+        finally:
+            await self._call({"step": "release"}, timeout_s)
+        _raise_worker_errors(results)
+        if exported["version"] != version:
+            raise WeightMismatchError(
+                f"CUDA IPC weight sync of v{version}: trainer rank 0 exported v{exported['version']} (checksum "
+                f"{exported['checksum'][:12]})"
+            )
+        checksums = {r["checksum"] for r in results}
+        if checksums != {exported["checksum"]}:
+            raise WeightMismatchError(
+                f"CUDA IPC weight sync of v{version}: trainer exported checksum {exported['checksum'][:12]}, "
+                f"workers loaded {sorted(c[:12] for c in checksums)}"
+            )
+        loaded = dict(results[0])
+        loaded["sync_s"] = time.perf_counter() - start
+        return loaded
+
+
 def _raise_worker_errors(results: Sequence[Any]) -> None:
     errors = [r["error"] for r in results if isinstance(r, dict) and r.get("error")]
     if errors:
@@ -244,27 +318,41 @@ def _raise_worker_errors(results: Sequence[Any]) -> None:
 
 
 def weight_transfer_class(
-    launch: LaunchConfig, choice: WeightTransferChoice = "auto"
-) -> type[FileWeightTransfer] | type[NcclWeightTransfer] | type[InPlaceWeightTransfer]:
+    launch: LaunchConfig, choice: WeightTransferChoice = "auto", *, shares_gpu: bool = False
+) -> type[FileWeightTransfer] | type[NcclWeightTransfer] | type[IpcWeightTransfer] | type[InPlaceWeightTransfer]:
     """The transfer for ``inference.vllm.weight_transfer`` = ``choice`` on this topology: 'auto' is
-    :class:`NcclWeightTransfer` when the nodes have GPUs (``launch.gpus_per_node > 0``), else
-    :class:`FileWeightTransfer` (shared memory on one host); 'reload' is :class:`FileWeightTransfer` and 'inplace'
-    :class:`~rlsdk.engine.inference.inplace_transfer.InPlaceWeightTransfer` (CPU). Its ``SERVER_ARGS`` are what
-    a server started elsewhere (a Slurm replica) needs."""
+    :class:`IpcWeightTransfer` when the server shares the train rank's GPU (``shares_gpu``, from the device plan:
+    NCCL cannot put two ranks on one GPU), :class:`NcclWeightTransfer` when the nodes have GPUs
+    (``launch.gpus_per_node > 0``), else :class:`FileWeightTransfer` (shared memory on one host); 'reload' is
+    :class:`FileWeightTransfer` and 'inplace' :class:`~rlsdk.engine.inference.inplace_transfer.InPlaceWeightTransfer`
+    (CPU). Its ``SERVER_ARGS`` are what a server started elsewhere (a Slurm replica) needs."""
     if choice == "inplace":
         from rlsdk.engine.inference.inplace_transfer import InPlaceWeightTransfer
 
         return InPlaceWeightTransfer
     if choice == "reload":
         return FileWeightTransfer
+    if shares_gpu:
+        return IpcWeightTransfer
     return NcclWeightTransfer if launch.gpus_per_node > 0 else FileWeightTransfer
 
 
 def select_weight_transfer(
-    launch: LaunchConfig, trainer: TrainerEndpoint, choice: WeightTransferChoice = "auto"
+    launch: LaunchConfig,
+    trainer: TrainerEndpoint,
+    choice: WeightTransferChoice = "auto",
+    *,
+    shares_gpu: bool = False,
+    rank_call: Callable[[str, dict[str, Any], float], Awaitable[list[Any]]] | None = None,
 ) -> WeightTransfer:
-    """The transfer :func:`weight_transfer_class` picks, built; ``trainer`` reaches trainer rank 0 (NCCL only)."""
-    cls = weight_transfer_class(launch, choice)
+    """The transfer :func:`weight_transfer_class` picks, built; ``trainer`` reaches trainer rank 0 (NCCL),
+    ``rank_call(command, body, timeout_s)`` sends a rank command to every rank (CUDA IPC)."""
+    cls = weight_transfer_class(launch, choice, shares_gpu=shares_gpu)
     if cls is NcclWeightTransfer:
         return NcclWeightTransfer(trainer)
+    if cls is IpcWeightTransfer:
+        if rank_call is None:
+            raise ValueError("the CUDA IPC weight transfer (a server sharing the rank's GPU) needs rank_call")
+        call = rank_call
+        return IpcWeightTransfer(lambda body, timeout_s: call(IPC_RANK_COMMAND, body, timeout_s))
     return cls()  # type: ignore[call-arg]
