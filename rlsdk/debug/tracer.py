@@ -225,16 +225,25 @@ class Tracer:
         """Remember ``work`` to learn when ``rec`` completes. Completion is polled (here, on the next call, and
         at snapshot time) rather than signalled by ``work.get_future().then(...)``: a Python callback on gloo's
         thread costs a GIL hand-off per collective (benchmarks/tracer_overhead.py), and gloo's send/recv
-        have no future at all. ``t_end`` is therefore "seen completed by", not the exact completion time."""
+        have no future at all. ``t_end`` is therefore "seen completed by", not the exact completion time.
+
+        Completed calls leave the window here, the newest and then the oldest ones: a Work holds its tensors, and
+        at a real shape a window of FSDP2's gathered parameters and unsharded gradients held GiBs alive (the
+        0.5B-shape update's peak, benchmarks/shapes.py)."""
         polled = self.polled
         if polled:
             last_rec, last_work = polled[-1]
-            if last_rec[_T_END] is None and last_work.is_completed():
-                _completed(last_rec, last_work, time.monotonic())
-            if len(polled) == polled.maxlen:
+            if last_rec[_T_END] is not None or last_work.is_completed():
+                if last_rec[_T_END] is None:
+                    _completed(last_rec, last_work, time.monotonic())
+                polled.pop()
+            while polled:
                 old_rec, old_work = polled[0]
-                if old_rec[_T_END] is None and old_work.is_completed():
+                if old_rec[_T_END] is None:
+                    if not old_work.is_completed():
+                        break
                     _completed(old_rec, old_work, time.monotonic())
+                polled.popleft()
         polled.append((rec, work))
         if rec[_SYNC]:
             self.blocking[rec[_THREAD]] = (rec, work)

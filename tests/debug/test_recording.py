@@ -6,7 +6,9 @@ import time
 from typing import Any
 
 import pytest
+import torch
 
+from rlsdk.debug.tracer import FIELDS
 from rlsdk.testing.distributed import run_gloo_ranks
 
 pytestmark = pytest.mark.distributed
@@ -107,3 +109,34 @@ def test_two_thousand_clean_ddp_steps_give_no_divergence() -> None:
     report = analyze(dict(enumerate(snaps)))
     assert report.ok, str(report)
     assert all(len(snap["records"]) >= 2000 for snap in snaps)
+
+
+class _FakeWork:
+    """A Work holding a tensor, as gloo's does, completed when told."""
+
+    def __init__(self, done: bool) -> None:
+        self.done = done
+        self.tensor = torch.zeros(4)
+
+    def is_completed(self) -> bool:
+        return self.done
+
+
+def test_tracer_drops_completed_works_so_their_tensors_are_freed_and_keeps_pending_ones() -> None:
+    import weakref
+
+    from rlsdk.debug.tracer import Tracer
+
+    tracer = Tracer(capacity=16)
+    works = [_FakeWork(done=index != 1) for index in range(4)]  # call 1 stays in flight
+    alive = [weakref.ref(work) for work in works]
+
+    for work in works:
+        tracer.track(tracer.record("0", False, "allreduce", [work.tensor], "SUM", None), work)
+    del works, work
+
+    held = [rec[FIELDS.index("seq")] for rec, _ in tracer.polled]
+    assert held == [2, 4]  # 1 and 3 left as soon as the next call saw them completed; 2 is still in flight
+    assert alive[0]() is None and alive[2]() is None  # the completed calls' tensors are no longer referenced
+    assert alive[1]() is not None
+    assert [rec[FIELDS.index("t_end")] is not None for rec in tracer.records] == [True, False, True, False]
