@@ -276,8 +276,8 @@ def rank_memory_model(
       softmax, gradient) instead;
     - ``runtime``: the interpreter and libraries (measured: ``runtime_baseline_bytes``).
 
-    Not counted: what the allocator keeps of freed memory (glibc holds freed heap pages for reuse, so a rank's
-    RSS may stay above its live tensors and creep with micro-batches of changing shapes).
+    Not counted: what the allocator keeps of freed memory. CPU ranks map every block from 4 MiB up on its own
+    (:mod:`rlsdk.engine.train.host_allocator`), so only smaller freed blocks stay in glibc's heaps for reuse.
     """
     n = shape.parameters()
     share = 1 / world if parallelism == "fsdp2" else 1.0

@@ -231,6 +231,11 @@ def main() -> None:
         from rlsdk.config.device import accelerator_kwargs, rank_device
 
         device = rank_device()
+        if device == "cpu":
+            from rlsdk.engine.train.host_allocator import configure_host_allocator
+
+            # before the model loads: large freed tensors go back to the system, not into glibc's arenas
+            configure_host_allocator()
         accelerator = Accelerator(**accelerator_kwargs(device), kwargs_handlers=_process_group(channel, device))
         if accelerator.process_index != rank or accelerator.num_processes != world_size:
             raise RuntimeError(
