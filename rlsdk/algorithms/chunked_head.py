@@ -38,23 +38,55 @@ def tokens_per_chunk(vocab_size: int, chunk_bytes: int) -> int:
     return max(1, chunk_bytes // (4 * max(vocab_size, 1)))
 
 
-def _chunk_log_softmax(
-    hidden_N_H: torch.Tensor,
+class _Workspace:
+    """The ``[chunk, V]`` buffers every chunk of one forward or backward reuses: the head's GEMM output in the
+    compute dtype, float32 log-probabilities and probabilities, and (autocast on a float32 weight) the head weight's
+    per-chunk gradient in the compute dtype.
+
+    Why: allocated per chunk, these are tens of MiB each and hundreds of them per micro-batch; torch's CPU tensors
+    come from ``malloc``, which maps blocks that large fresh from the system every time, so each one is paid in page
+    faults (at the 0.5B shape, more system time than the GEMMs). Allocated once per call, they are faulted in once.
+    """
+
+    def __init__(self, rows: int, weight_V_H: torch.Tensor, dtype: torch.dtype, *, weight_grad: bool) -> None:
+        vocab, hidden = weight_V_H.shape
+        device = weight_V_H.device
+        self.logp = torch.empty(rows, vocab, dtype=torch.float32, device=device)
+        self.p = torch.empty(rows, vocab, dtype=torch.float32, device=device)
+        self.z = None if dtype == torch.float32 else torch.empty(rows, vocab, dtype=dtype, device=device)
+        self.weight_grad = torch.empty(vocab, hidden, dtype=dtype, device=device) if weight_grad else None
+
+
+def _chunk_softmax(
+    hidden_n_H: torch.Tensor,
     weight_V_H: torch.Tensor,
     bias_V: torch.Tensor | None,
     temperature: float,
-) -> torch.Tensor:
-    """``log_softmax((hidden @ weight.T + bias) / temperature)`` of one chunk, float32, in one ``[n, V]`` buffer.
+    space: _Workspace,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log_softmax, softmax)`` of ``(hidden @ weight.T + bias) / temperature`` for one chunk, float32, written
+    into the workspace (views of its first ``n`` rows; the next chunk overwrites them).
 
-    The max is subtracted before the log-sum-exp, as ``torch.log_softmax`` does: the log-probabilities (and the
+    The max is subtracted before the exponent, as ``torch.log_softmax`` does: the log-probabilities (and the
     entropy built from them) keep their absolute accuracy however large the logits are."""
-    z_N_V = (hidden_N_H @ weight_V_H.T).float()
+    n = hidden_n_H.shape[0]
+    logp_n_V, p_n_V = space.logp[:n], space.p[:n]
+    if space.z is None:
+        torch.matmul(hidden_n_H, weight_V_H.T, out=logp_n_V)
+    else:
+        z_n_V = space.z[:n]
+        torch.matmul(hidden_n_H, weight_V_H.T, out=z_n_V)
+        logp_n_V.copy_(z_n_V)
     if bias_V is not None:
-        z_N_V += bias_V.float()
+        logp_n_V += bias_V.float()
     if temperature != 1.0:
-        z_N_V /= temperature
-    z_N_V -= z_N_V.amax(dim=-1, keepdim=True)
-    return z_N_V.sub_(torch.logsumexp(z_N_V, dim=-1, keepdim=True))
+        logp_n_V /= temperature
+    logp_n_V -= logp_n_V.amax(dim=-1, keepdim=True)
+    torch.exp(logp_n_V, out=p_n_V)
+    total_n_1 = p_n_V.sum(dim=-1, keepdim=True)
+    p_n_V /= total_n_1
+    logp_n_V -= total_n_1.log_()
+    return logp_n_V, p_n_V
 
 
 class _ChunkedHeadLogprobs(torch.autograd.Function):
@@ -77,14 +109,15 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
         logprobs_N = torch.empty(num_tokens, dtype=torch.float32, device=hidden_N_H.device)
         entropy_N = torch.zeros(num_tokens, dtype=torch.float32, device=hidden_N_H.device)
         weight_c = weight_V_H.to(dtype)
+        space = _Workspace(min(chunk, max(num_tokens, 1)), weight_V_H, dtype, weight_grad=False)
         with torch.autocast(device_type, enabled=False):
             for lo in range(0, num_tokens, chunk):
                 hi = min(lo + chunk, num_tokens)
-                logp_n_V = _chunk_log_softmax(hidden_N_H[lo:hi].to(dtype), weight_c, bias_V, temperature)
+                logp_n_V, p_n_V = _chunk_softmax(hidden_N_H[lo:hi].to(dtype), weight_c, bias_V, temperature, space)
                 logprobs_N[lo:hi] = logp_n_V.gather(-1, tokens_N[lo:hi, None]).squeeze(-1)
                 if with_entropy:
-                    entropy_N[lo:hi] = -logp_n_V.exp().mul_(logp_n_V).sum(dim=-1)
-                del logp_n_V
+                    entropy_N[lo:hi] = -p_n_V.mul_(logp_n_V).sum(dim=-1)
+        del space
         ctx.save_for_backward(hidden_N_H, weight_V_H, bias_V, tokens_N, entropy_N)
         ctx.weight_c = weight_c if weight_c is not weight_V_H else None  # the cast copy, reused by the backward
         ctx.temperature, ctx.chunk, ctx.dtype = temperature, chunk, dtype
@@ -109,12 +142,14 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
         grad_bias_V = (
             torch.zeros(weight_V_H.shape[0], dtype=torch.float32, device=weight_V_H.device) if need_bias else None
         )
+        # autocast: a low-precision GEMM per chunk into the full-precision weight's gradient, through a buffer
+        widen = grad_weight_V_H is not None and grad_weight_V_H.dtype != dtype
+        space = _Workspace(min(chunk, max(num_tokens, 1)), weight_V_H, dtype, weight_grad=widen)
         with torch.autocast(weight_V_H.device.type, enabled=False):
             for lo in range(0, num_tokens, chunk):
                 hi = min(lo + chunk, num_tokens)
                 hidden_n_H = hidden_N_H[lo:hi].to(dtype)
-                logp_n_V = _chunk_log_softmax(hidden_n_H, weight_c, bias_V, temperature)
-                p_n_V = logp_n_V.exp()
+                logp_n_V, p_n_V = _chunk_softmax(hidden_n_H, weight_c, bias_V, temperature, space)
                 # d loss / dz = -p * (g_lp + g_ent * (logp + H)) + g_lp * onehot(y), in the two [n, V] buffers
                 factor_n_V = logp_n_V
                 if grad_entropy_N is not None:
@@ -131,15 +166,24 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
                     grad_z_n_V /= temperature
                 if grad_bias_V is not None:
                     grad_bias_V += grad_z_n_V.sum(dim=0)
-                grad_logits_n_V = grad_z_n_V.to(dtype)
+                if space.z is None:
+                    grad_logits_n_V = grad_z_n_V
+                else:
+                    grad_logits_n_V = space.z[: hi - lo]
+                    grad_logits_n_V.copy_(grad_z_n_V)
                 del grad_z_n_V
                 if grad_hidden_N_H is not None:
-                    grad_hidden_N_H[lo:hi] = grad_logits_n_V @ weight_c
+                    if grad_hidden_N_H.dtype == dtype and grad_hidden_N_H.is_contiguous():
+                        torch.matmul(grad_logits_n_V, weight_c, out=grad_hidden_N_H[lo:hi])
+                    else:  # autocast on float32 hidden states
+                        grad_hidden_N_H[lo:hi] = grad_logits_n_V @ weight_c
                 if grad_weight_V_H is not None:
-                    if grad_weight_V_H.dtype == dtype:
+                    if space.weight_grad is None:
                         grad_weight_V_H.addmm_(grad_logits_n_V.T, hidden_n_H)
-                    else:  # autocast: a low-precision GEMM into the full-precision weight's gradient
-                        grad_weight_V_H += grad_logits_n_V.T @ hidden_n_H
+                    else:
+                        torch.matmul(grad_logits_n_V.T, hidden_n_H, out=space.weight_grad)
+                        grad_weight_V_H += space.weight_grad
+        del space
         if grad_bias_V is not None:
             grad_bias_V = grad_bias_V.to(bias_V.dtype)
         return grad_hidden_N_H, grad_weight_V_H, grad_bias_V, None, None, None, None
