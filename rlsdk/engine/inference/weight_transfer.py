@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -221,21 +221,7 @@ class NcclWeightTransfer:
             f"NCCL weight sync of v{version}", timeout_s, receive, self.trainer.broadcast(version, timeout_s)
         )
         self.last_sent = dict(sent)
-        _raise_worker_errors(results)
-        if sent.get("version", version) != version:
-            raise WeightMismatchError(
-                f"NCCL weight sync of v{version}: trainer rank 0 sent v{sent['version']} (checksum "
-                f"{sent['checksum'][:12]})"
-            )
-        checksums = {r["checksum"] for r in results}
-        if checksums != {sent["checksum"]}:
-            raise WeightMismatchError(
-                f"NCCL weight sync of v{version}: trainer sent checksum {sent['checksum'][:12]}, workers loaded "
-                f"{sorted(c[:12] for c in checksums)}"
-            )
-        loaded = dict(results[0])
-        loaded["sync_s"] = time.perf_counter() - start
-        return loaded
+        return _verified_load(f"NCCL weight sync of v{version}", "sent", version, sent, results, start)
 
 
 IPC_WORKER_EXTENSION = "rlsdk.engine.inference.ipc_sync.IpcWeightSyncExtension"
@@ -292,21 +278,32 @@ class IpcWeightTransfer:
             results = await rpc("rlsdk_ipc_receive", body, timeout_s)
         finally:
             await self._call({"step": "release"}, timeout_s)
-        _raise_worker_errors(results)
-        if exported["version"] != version:
-            raise WeightMismatchError(
-                f"CUDA IPC weight sync of v{version}: trainer rank 0 exported v{exported['version']} (checksum "
-                f"{exported['checksum'][:12]})"
-            )
-        checksums = {r["checksum"] for r in results}
-        if checksums != {exported["checksum"]}:
-            raise WeightMismatchError(
-                f"CUDA IPC weight sync of v{version}: trainer exported checksum {exported['checksum'][:12]}, "
-                f"workers loaded {sorted(c[:12] for c in checksums)}"
-            )
-        loaded = dict(results[0])
-        loaded["sync_s"] = time.perf_counter() - start
-        return loaded
+        return _verified_load(f"CUDA IPC weight sync of v{version}", "exported", version, exported, results, start)
+
+
+def _verified_load(
+    what: str, verb: str, version: int, sent: Mapping[str, Any], results: Sequence[Any], start: float
+) -> dict[str, Any]:
+    """The first worker's result of a GPU sync (with ``sync_s`` since ``start``), once every worker answered
+    without error, trainer rank 0 ``verb`` (sent/exported) ``version`` and every worker loaded its checksum.
+
+    Raises:
+        RuntimeError: a worker reported an error, or answered something other than a dict.
+        WeightMismatchError: another version, or another checksum on a worker."""
+    _raise_worker_errors(results)
+    if sent.get("version", version) != version:
+        raise WeightMismatchError(
+            f"{what}: trainer rank 0 {verb} v{sent['version']} (checksum {sent['checksum'][:12]})"
+        )
+    checksums = {r["checksum"] for r in results}
+    if checksums != {sent["checksum"]}:
+        raise WeightMismatchError(
+            f"{what}: trainer {verb} checksum {sent['checksum'][:12]}, workers loaded "
+            f"{sorted(c[:12] for c in checksums)}"
+        )
+    loaded = dict(results[0])
+    loaded["sync_s"] = time.perf_counter() - start
+    return loaded
 
 
 def _raise_worker_errors(results: Sequence[Any]) -> None:
