@@ -14,6 +14,12 @@ from rlsdk.testing.distributed import run_gloo_ranks
 pytestmark = pytest.mark.distributed
 
 
+def _marker_line(marker: str) -> int:
+    """The line of this file whose comment is ``# {marker}`` (the call sites the records must name)."""
+    lines = open(__file__).read().splitlines()  # noqa: SIM115 - one short read
+    return next(number for number, line in enumerate(lines, 1) if line.rstrip().endswith(f"# {marker}"))
+
+
 def _record_everything(rank: int, world: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
@@ -55,7 +61,10 @@ def test_traced_group_records_user_p2p_subgroup_and_ddp_collectives_with_sites()
         world = [r for r in records if r["group"] == "0" and not r["p2p"]]
         first = world[0]
         assert (first["op"], first["seq"], first["reduce_op"], first["shapes"]) == ("allreduce", 1, "MAX", ((4,),))
-        assert first["site"].endswith("test_recording.py:24") and (first["command"], first["command_seq"]) == (
+        assert first["site"].endswith(f"test_recording.py:{_marker_line('USER_SITE')}") and (
+            first["command"],
+            first["command_seq"],
+        ) == (
             "update",
             7,
         )
@@ -64,7 +73,7 @@ def test_traced_group_records_user_p2p_subgroup_and_ddp_collectives_with_sites()
         assert [(r["op"], r["seq"], r["root"]) for r in p2p] == [("send" if rank == 0 else "recv", 1, 1 - rank)]
         sub = [r for r in records if r["group"] not in ("0",) and not r["p2p"]]
         assert [(r["op"], r["seq"]) for r in sub] == [("allreduce", 1)]
-        ddp = [r for r in world if r["site"].endswith("test_recording.py:33")]
+        ddp = [r for r in world if r["site"].endswith(f"test_recording.py:{_marker_line('DDP_SITE')}")]
         assert ddp and ddp[-1]["op"] == "allreduce" and ddp[-1]["shapes"] == ((10,),)  # the gradient bucket
         assert all(r["t_end"] is not None for r in records)
         assert [r["seq"] for r in world] == list(range(1, len(world) + 1))
