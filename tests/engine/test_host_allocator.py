@@ -37,12 +37,13 @@ def _probe(mode: str) -> dict:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
-def test_configured_rank_returns_freed_large_tensors_to_the_system_where_glibcs_default_keeps_them() -> None:
-    configured, default = _probe("configured"), _probe("default")
+def test_configured_rank_returns_freed_large_tensors_to_the_system() -> None:
+    configured = _probe("configured")
 
     assert configured["set"] == 4 * 2**20
-    assert configured["freed"] > 0.9  # every 6 MiB block was its own mapping
-    assert default["freed"] < 0.5  # the same blocks stayed in glibc's heap (the OOM of the S2 update)
+    # every 6 MiB block was its own mapping (glibc's default may keep them in its heap, depending on its dynamic
+    # threshold's history: not asserted, it differs between runs)
+    assert configured["freed"] > 0.9
 
 
 def test_host_allocator_override_zero_sets_nothing_and_a_bad_value_is_refused_naming_the_variable(
