@@ -45,7 +45,7 @@ class _Workspace:
 
     Why: allocated per chunk, these are tens of MiB each and hundreds of them per micro-batch; torch's CPU tensors
     come from ``malloc``, which maps blocks that large fresh from the system every time, so each one is paid in page
-    faults (at the 0.5B shape, more system time than the GEMMs). Allocated once per call, they are faulted in once.
+    faults. Allocated once per call, they are faulted in once.
     """
 
     def __init__(self, rows: int, weight_V_H: torch.Tensor, dtype: torch.dtype, *, weight_grad: bool) -> None:

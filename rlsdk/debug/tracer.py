@@ -228,8 +228,7 @@ class Tracer:
         have no future at all. ``t_end`` is therefore "seen completed by", not the exact completion time.
 
         Completed calls leave the window here, the newest and then the oldest ones: a Work holds its tensors, and
-        at a real shape a window of FSDP2's gathered parameters and unsharded gradients held GiBs alive (the
-        0.5B-shape update's peak, benchmarks/shapes.py)."""
+        at a real shape a window of FSDP2's gathered parameters and unsharded gradients would stay alive."""
         polled = self.polled
         if polled:
             last_rec, last_work = polled[-1]
