@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from rlsdk.algorithms import completion_logprobs, policy_loss
-from rlsdk.config import SessionConfig
+from rlsdk.config import SessionConfig, TrainConfig
 from rlsdk.engine.weights import CHECKSUM_ALGORITHM, ChecksumAlgorithm, state_dict_checksum
 from rlsdk.observe.logging import get_logger, set_log_context
 
@@ -182,6 +182,19 @@ def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
+def _adamw(model: torch.nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters with the fused kernel (one pass over each parameter, TRL's default
+    'adamw_torch_fused'): the same update in less time than the per-tensor loop torch picks on CPU (it has no foreach
+    default there), for plain tensors and FSDP2's sharded DTensors alike; the default implementation where a device
+    has no fused kernel."""
+    kwargs = {"lr": train.lr, "betas": train.betas, "weight_decay": train.weight_decay}
+    try:
+        return torch.optim.AdamW(_trainable(model), fused=True, **kwargs)
+    except RuntimeError as exc:
+        logger.debug("fused AdamW unavailable (%s); using the default implementation", exc)
+        return torch.optim.AdamW(_trainable(model), **kwargs)
+
+
 def _agreement_tokens(shard: dict[str, torch.Tensor]) -> torch.Tensor:
     """The tokens whose trainer and behaviour log-probs are compared (the agreement metrics): completion tokens of
     rows sampled wholly by the weights the trainer holds (``agreement_mask_B_C``, which the Session sets from the
@@ -247,23 +260,9 @@ class TrainEngine:
             )
             logger.info("fsdp2: %d decoder layers sharded separately, then the root", layers)
             self.model: Any = model
-            self.optimizer: Any = torch.optim.AdamW(
-                _trainable(model), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay
-            )
+            self.optimizer: Any = _adamw(model, train)
         else:
-            # The fused kernel (one pass over each parameter, TRL's default 'adamw_torch_fused'): the same AdamW
-            # update in less time than foreach (fewer kernel launches, one read of each tensor); foreach where a
-            # device has no kernel.
-            try:
-                optimizer = torch.optim.AdamW(
-                    _trainable(model), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay, fused=True
-                )
-            except RuntimeError as exc:
-                logger.debug("fused AdamW unavailable (%s); using foreach", exc)
-                optimizer = torch.optim.AdamW(
-                    _trainable(model), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay
-                )
-            self.model, self.optimizer = accelerator.prepare(model, optimizer)
+            self.model, self.optimizer = accelerator.prepare(model, _adamw(model, train))
             if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
                 # DDP re-broadcasts rank 0's buffers before every forward that syncs gradients (meant for
                 # BatchNorm statistics): a collective that makes the ranks wait for each other. A causal LM's
