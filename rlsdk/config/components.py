@@ -569,6 +569,12 @@ class TrainConfig:
     so memory no longer grows with vocabulary x tokens; the same values and gradients to float rounding. >= 1. None =
     always materialise [B, C, V] logits (for a model whose forward changes its head's output, e.g. logit
     soft-capping)."""
+    fsdp_reshard_after_forward: bool = True
+    """'fsdp2': free each decoder layer's gathered parameters after its forward and gather them again for its backward
+    (True, the default, as torch's ``fully_shard``: the least memory). False keeps them from the forward to the
+    backward: one all-gather per layer and micro-batch instead of two (and no second cast of the shard to the compute
+    dtype), for the memory of every layer's parameters in the compute dtype on every rank (ZeRO-2's trade). Only
+    'fsdp2' reads it."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -620,6 +626,12 @@ class TrainConfig:
             "parallelism",
             self.lora_rank == 0 or self.parallelism == "ddp",
             "'ddp' when lora_rank > 0 (LoRA adapters are trained on DDP ranks only)",
+        )
+        require(
+            self,
+            "fsdp_reshard_after_forward",
+            self.fsdp_reshard_after_forward or self.parallelism == "fsdp2",
+            "True unless parallelism is 'fsdp2' (only FSDP2 reshards)",
         )
 
 

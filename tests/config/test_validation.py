@@ -281,3 +281,17 @@ def test_rollout_config_stop_with_an_empty_string_raises_naming_stop() -> None:
 @pytest.mark.parametrize("mode", ["0700", "700", "0750", "0755"])
 def test_observe_config_output_mode_with_owner_rwx_and_no_write_for_others_is_accepted(mode: str) -> None:
     assert ObserveConfig(output_mode=mode).output_mode == mode
+
+
+def test_train_config_keeping_fsdp_layers_gathered_with_ddp_raises_error_naming_the_field() -> None:
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(parallelism="ddp", fsdp_reshard_after_forward=False)
+
+    assert info.value.field == "TrainConfig.fsdp_reshard_after_forward"
+    assert "fsdp2" in str(info.value)
+
+
+def test_train_config_keeping_fsdp_layers_gathered_with_fsdp2_is_accepted() -> None:
+    config = TrainConfig(parallelism="fsdp2", fsdp_reshard_after_forward=False)
+
+    assert config.fsdp_reshard_after_forward is False

@@ -35,7 +35,15 @@ def _atol(name: str) -> float:
     return next((atol for suffix, atol in NOISE_ONLY_ATOL.items() if name.endswith(suffix)), WEIGHT_ATOL)
 
 
-def _run_engine(rank: int, world_size: int, parallelism: str, model_dir: str, batches: list, out: str) -> dict:
+# The runs each rank makes: DDP, FSDP2, and FSDP2 keeping the decoder layers gathered from forward to backward.
+VARIANTS = {
+    "ddp": {"parallelism": "ddp"},
+    "fsdp2": {"parallelism": "fsdp2"},
+    "fsdp2_kept": {"parallelism": "fsdp2", "fsdp_reshard_after_forward": False},
+}
+
+
+def _run_engine(rank: int, world_size: int, variant: str, model_dir: str, batches: list, out: str) -> dict:
     from accelerate import Accelerator
 
     from rlsdk.engine.train.engine import TrainEngine
@@ -43,7 +51,7 @@ def _run_engine(rank: int, world_size: int, parallelism: str, model_dir: str, ba
     config = SessionConfig(
         model=ModelConfig(path=model_dir),
         # micro-batches of 2 on a 6-sequence shard: two micro-batches skip the gradient sync
-        train=TrainConfig(lr=1e-2, micro_batch_size=2, max_grad_norm=0.5, parallelism=parallelism),
+        train=TrainConfig(lr=1e-2, micro_batch_size=2, max_grad_norm=0.5, **VARIANTS[variant]),  # type: ignore[arg-type]
     )
     engine = TrainEngine(config, Accelerator(cpu=True))
     initial = engine.weight_info(with_checksum=True)
@@ -53,9 +61,9 @@ def _run_engine(rank: int, world_size: int, parallelism: str, model_dir: str, ba
         shard = {k: v[rank * per_rank : (rank + 1) * per_rank] for k, v in batch.items()}
         result = engine.update(shard, int(batch["completion_mask_B_C"].sum()))
         steps.append({k: result[k] for k in ("loss_sum", "objective", "grad_norm", "tokens", "version")})
-    exported = engine.export_weights(str(Path(out) / parallelism / "publish"), is_writer=rank == 0)
+    exported = engine.export_weights(str(Path(out) / variant / "publish"), is_writer=rank == 0)
     info = engine.weight_info(with_checksum=rank == 0)
-    files = engine.save_checkpoint(str(Path(out) / parallelism / "ckpt"), is_writer=rank == 0)
+    files = engine.save_checkpoint(str(Path(out) / variant / "ckpt"), is_writer=rank == 0)
     full = engine.full_state_dict(keep=True)
     assert full is not None
     return {
@@ -69,22 +77,29 @@ def _run_engine(rank: int, world_size: int, parallelism: str, model_dir: str, ba
     }
 
 
-def _both(rank: int, world_size: int, model_dir: str, batches: list, out: str) -> dict:
-    """DDP then FSDP2 in the same ranks (one process-group start-up instead of two)."""
-    return {p: _run_engine(rank, world_size, p, model_dir, batches, out) for p in ("ddp", "fsdp2")}
+def _all(rank: int, world_size: int, model_dir: str, batches: list, out: str) -> dict:
+    """Every variant in the same ranks (one process-group start-up instead of three)."""
+    return {v: _run_engine(rank, world_size, v, model_dir, batches, out) for v in VARIANTS}
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], Path]:
+    """Each rank's results of every variant on the same batches, and the directory they wrote to."""
+    model_dir = str(tiny_model_dir)
+    out = tmp_path_factory.mktemp("fsdp2")
+    # steps 1 and 3 repeat each prompt 3 times: FSDP2 then runs two forwards per micro-batch (shared prompts)
+    batches = [_make_batch(model_dir, batch=12, seed=seed, group_size=3 - 2 * (seed % 2)) for seed in range(STEPS)]
+    return run_gloo_ranks(_all, 2, model_dir, batches, str(out), timeout_s=300.0), out
 
 
 def test_fsdp2_two_gloo_ranks_three_updates_match_ddp_losses_weights_and_export(
-    tiny_model_dir: Path, tmp_path: Path
+    runs: tuple[list[dict], Path], tiny_model_dir: Path
 ) -> None:
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     model_dir = str(tiny_model_dir)
-    # steps 1 and 3 repeat each prompt 3 times: FSDP2 then runs two forwards per micro-batch (shared prompts)
-    batches = [_make_batch(model_dir, batch=12, seed=seed, group_size=3 - 2 * (seed % 2)) for seed in range(STEPS)]
-
-    ranks = run_gloo_ranks(_both, 2, model_dir, batches, str(tmp_path), timeout_s=300.0)
+    ranks, tmp_path = runs
 
     for rank, result in enumerate(ranks):
         ddp, fsdp2 = result["ddp"], result["fsdp2"]
@@ -129,3 +144,20 @@ def test_fsdp2_two_gloo_ranks_three_updates_match_ddp_losses_weights_and_export(
     assert state["version"] == STEPS and state["optimizer_format"] == "fsdp2_full"
     exp_avg = state["optimizer"]["state"]["model.embed_tokens.weight"]["exp_avg"]
     assert exp_avg.shape == ranks[0]["ddp"]["state"]["model.embed_tokens.weight"].shape  # gathered, not a shard
+
+
+def test_fsdp2_keeping_layers_gathered_after_forward_gives_the_same_updates_weights_and_export(
+    runs: tuple[list[dict], Path],
+) -> None:
+    ranks, _ = runs
+    for rank, result in enumerate(ranks):
+        resharded, kept = result["fsdp2"], result["fsdp2_kept"]
+        assert kept["sharded"].startswith("FSDP"), kept["sharded"]
+        for step, (a, b) in enumerate(zip(resharded["steps"], kept["steps"], strict=True)):
+            assert b["version"] == a["version"] and b["tokens"] == a["tokens"]
+            for key in ("loss_sum", "objective", "grad_norm"):
+                # the same gathers, reductions and kernels in the same order: only when the gathered copy is freed
+                torch.testing.assert_close(b[key], a[key], rtol=1e-6, atol=1e-7, msg=f"rank {rank} {key} {step}")
+        for name, tensor in resharded["state"].items():
+            torch.testing.assert_close(kept["state"][name], tensor, rtol=1e-6, atol=1e-7, msg=name)
+    assert ranks[0]["fsdp2_kept"]["exported"]["checksum"] == ranks[0]["fsdp2"]["exported"]["checksum"]

@@ -256,7 +256,11 @@ class TrainEngine:
 
             # The optimizer is built on the sharded (DTensor) parameters, so its state is sharded too.
             layers = shard_model(
-                model, accelerator.device.type, accelerator.num_processes, compute_dtype=self.compute_dtype
+                model,
+                accelerator.device.type,
+                accelerator.num_processes,
+                compute_dtype=self.compute_dtype,
+                reshard_after_forward=train.fsdp_reshard_after_forward,
             )
             logger.info("fsdp2: %d decoder layers sharded separately, then the root", layers)
             self.model: Any = model

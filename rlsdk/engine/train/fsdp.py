@@ -28,13 +28,19 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def shard_model(
-    model: torch.nn.Module, device_type: str, world_size: int, *, compute_dtype: torch.dtype | None = None
+    model: torch.nn.Module,
+    device_type: str,
+    world_size: int,
+    *,
+    compute_dtype: torch.dtype | None = None,
+    reshard_after_forward: bool = True,
 ) -> int:
     """Apply ``fully_shard`` to each decoder layer, then to the root, on a 1-D mesh over the default group
     (axis ``dp_shard``). Parameters become sharded DTensors in place; build the optimizer afterwards.
     ``compute_dtype`` (e.g. bfloat16): FSDP2's mixed precision, parameters all-gathered and used in that dtype,
-    gradients reduced in float32 into the float32 shards. Returns the number of layers sharded separately (0: only
-    the root, with a warning)."""
+    gradients reduced in float32 into the float32 shards. ``reshard_after_forward``: the decoder layers'
+    (``train.fsdp_reshard_after_forward``; the root keeps its parameters gathered until the backward either way, as
+    torch does). Returns the number of layers sharded separately (0: only the root, with a warning)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -48,7 +54,7 @@ def shard_model(
         )
     policy = MixedPrecisionPolicy() if compute_dtype is None else MixedPrecisionPolicy(compute_dtype, torch.float32)
     for layer in layers:
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     release_freed_memory()
     return len(layers)
