@@ -65,7 +65,7 @@ def generate_pages() -> dict[str, str]:
         + scaling_section(ROOT / RESULTS / "scaling.json")
         + soak_section(ROOT / RESULTS / "soak.json")
         + vllm_section(ROOT / RESULTS / "vllm_sync.json")
-        + shapes_section(ROOT / RESULTS / "shapes.json")
+        + shapes_sections(ROOT / RESULTS)
         + tracer_section(ROOT / RESULTS / "tracer_overhead.json")
         + dashboard_section(ROOT / RESULTS / "dashboard_logs.json")
         + "\n## Post-training: SFT, then RL (`howto/post-training.md`)\n\n"
@@ -529,24 +529,53 @@ def vllm_section(path: Path) -> str:
     return "\n".join([*lines, ""])
 
 
-def shapes_section(path: Path) -> str:
-    """``benchmarks/shapes.py``: seconds, memory, MFU and sync rate per shape, parallelism, engine and precision."""
+def shapes_sections(results: Path) -> str:
+    """The whole ladder (``shapes.json``) where it was run, else each partial run (``shapes_*.json``: some shapes
+    or runs of the ladder, ``--only``), under the command it was run with."""
+    full = results / "shapes.json"
+    if full.is_file():
+        return shapes_section(full)
+    return "".join(shapes_section(path, partial=True) for path in sorted(results.glob("shapes_*.json")))
+
+
+def _shape_settings(data: dict[str, Any]) -> str:
+    """Each shape's micro-batch token budget and FSDP2 resharding, as a partial run recorded them."""
+    parts = []
+    for name, shape in (data.get("shapes") or {}).items():
+        budget = f"{name}: micro-batches of {shape.get('max_tokens_per_micro_batch')} tokens"
+        if shape.get("vllm_max_tokens_per_micro_batch"):
+            budget += f" ({shape['vllm_max_tokens_per_micro_batch']} with vLLM)"
+        kept = "kept gathered" if shape.get("keep_gathered") else "resharded after the forward"
+        parts.append(f"{budget}, FSDP2 layers {kept}")
+    return "; ".join(parts) or "settings not recorded"
+
+
+def shapes_section(path: Path, *, partial: bool = False) -> str:
+    """``benchmarks/shapes.py``: seconds, memory, MFU and sync rate per shape, parallelism, engine and precision.
+    ``partial``: a run of part of the ladder, titled with its file name and shown with the command it recorded."""
     if not path.is_file():
         return ""
     data = json.loads(path.read_text())
     cpu, rates = data.get("cpu") or {}, data.get("rates") or {}
     flags = ", ".join(flag for flag, on in (cpu.get("flags") or {}).items() if on)
+    machine = f"CPU flags: {flags or 'n/a'}; memcpy {(rates.get('memcpy_bytes_per_s') or 0) / 1e9:.2f} GB/s. "
+    quick = QUICK if data.get("quick") else ""
     lines = [
         "",
-        "## Shape ladder" + (QUICK if data.get("quick") else ""),
+        f"## Shape ladder{quick}",
         "",
         f"`python benchmarks/shapes.py --json {RESULTS}/shapes.json`: S0 (the toy), S1 (~25M parameters, 32k",
         "BPE vocabulary, 64/256 tokens, 8 x 8), S2 (the Qwen2.5-0.5B shape, 128/256 tokens, 4 x 4), each a real",
         "Session on 2 ranks (1 thread each) in a fresh process; medians over the timed steps. MFU: model FLOPs of the",
         "update over its seconds, against 2 x the one-thread GEMM rate this run measured in the same dtype; the rank",
-        "peak is over the first-principles figure of ``rank_memory_model`` (see docs/howto/real-shapes.md). CPU flags:",
-        f"{flags or 'n/a'}; memcpy {(rates.get('memcpy_bytes_per_s') or 0) / 1e9:.2f} GB/s. " + _environment(data),
+        "peak is over the first-principles figure of ``rank_memory_model`` (see docs/howto/real-shapes.md).",
+        machine + _environment(data),
         "",
+    ]
+    if partial:  # the same figures: the whole ladder's description above, its command and settings here
+        lines = ["", f"## Shape ladder, part: `{path.name}`{quick}", "",
+                 f"`{data.get('command')}` ({_shape_settings(data)}). {machine}{_environment(data)}", ""]  # fmt: skip
+    lines += [
         "| shape | GEMM fp32 (GFLOP/s) | GEMM bf16 (GFLOP/s) |",
         "| --- | --- | --- |",
     ]
@@ -574,7 +603,8 @@ def shapes_section(path: Path) -> str:
     for engine, ratio in (trl.get("rlsdk_over_trl_step") or {}).items():
         lines += ["", f"rlsdk ({engine} engine) / TRL GRPOTrainer per-step time at {trl.get('shape')}: {ratio:.2f}."]
     lines.append("")
-    lines += _plot("shapes.png", "update seconds and MFU per run, rank peak memory over the derived figure")
+    if not partial:
+        lines += _plot("shapes.png", "update seconds and MFU per run, rank peak memory over the derived figure")
     return "\n".join(lines)
 
 

@@ -300,6 +300,30 @@ def test_shapes_section_with_fake_results_shows_rates_runs_skips_and_trl_ratio(
     assert "rlsdk (embedded engine) / TRL GRPOTrainer per-step time at S1: 0.60." in page
 
 
+def test_shapes_sections_without_the_full_ladder_show_each_partial_run_under_its_command(
+    hooks: ModuleType, tmp_path: Path
+) -> None:
+    measured = {
+        "seconds": {"rollout": 10.0, "update": 20.0, "sync": 0.5},
+        "peak_rss_mib": {"update": {"rank0": 4096.0, "rank1": 3072.0}},
+        "update_mfu": 0.41,
+        "generation_tokens_per_s": 123.0,
+        "rank_update_peak_over_derived": 1.1,
+        "sync_over_memcpy": 0.25,
+    }
+    for name, run in (("shapes_s1.json", "S1-fsdp2-embedded-bf16"), ("shapes_s2.json", "S2-fsdp2-embedded-bf16")):
+        _write(tmp_path, name, {"quick": False, "command": f"python benchmarks/shapes.py --only {run}",
+                                "runs": {run: measured}})  # fmt: skip
+
+    page = hooks.shapes_sections(tmp_path)
+
+    assert page.index("## Shape ladder, part: `shapes_s1.json`") < page.index("## Shape ladder, part: `shapes_s2.json`")
+    assert "`python benchmarks/shapes.py --only S2-fsdp2-embedded-bf16` (settings not recorded)" in page
+    assert "| S1-fsdp2-embedded-bf16 | 10.0 | 20.0 | 0.50 | 41.0% |" in page
+    _write(tmp_path, "shapes.json", {"quick": False, "runs": {"S0-ddp-embedded-fp32": measured}})
+    assert "part:" not in hooks.shapes_sections(tmp_path)  # the whole ladder, once run, replaces the parts
+
+
 def test_post_training_results_fill_the_marker_with_tables_intervals_and_significance(
     hooks: ModuleType, tmp_path: Path
 ) -> None:
