@@ -9,10 +9,10 @@ Shapes (``SHAPES``; S1/S2 built by :mod:`rlsdk.data.shapes`, random init, nothin
   source), completions of up to 256, 8 prompts x 8 samples;
 - S2: the Qwen2.5-0.5B shape (hidden 896, 24 layers, 14/2 heads, intermediate 4,864, vocabulary 151,936, tied),
   prompts of 128 tokens, completions of up to 256, 4 prompts x 4 samples; micro-batches of 1,536 tokens (one
-  group: a prompt and its 4 completions; 768 with vLLM, whose server stays resident through the update: 1,536
-  ran out of memory on 24 GiB), and FSDP2 keeps the decoder layers gathered from forward to backward
+  group: a prompt and its 4 completions), and FSDP2 keeps the decoder layers gathered from forward to backward
   (``train.fsdp_reshard_after_forward=False``: one all-gather per layer and micro-batch instead of two, for
-  ~0.7 GB more per rank).
+  ~0.7 GB more per rank), except with vLLM, whose server stays resident through the update (kept gathered, they
+  ran out of memory on 24 GiB).
 
 Each run is a real Session in a fresh subprocess (2 train ranks, 1 torch thread each; the embedded engine with 2
 threads in the controller, or a vLLM server): ``--warmup`` untimed steps, then ``--steps`` timed steps of rollout
@@ -92,20 +92,22 @@ class Shape:
     samples: int
     # tokens per micro-batch (None: train.micro_batch_size sequences)
     max_tokens_per_micro_batch: int | None
-    # the same with the vLLM engine, whose server stays resident through the update (None: as above)
-    vllm_max_tokens_per_micro_batch: int | None = None
     # FSDP2 keeps the decoder layers gathered from forward to backward (train.fsdp_reshard_after_forward=False)
     keep_gathered: bool = False
+    # the same with the vLLM engine, whose server stays resident through the update (None: as above)
+    vllm_keep_gathered: bool | None = None
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
-    def token_budget(self, engine: str) -> int | None:
-        """``train.max_tokens_per_micro_batch`` of a run with ``engine``."""
-        if engine == "vllm" and self.vllm_max_tokens_per_micro_batch is not None:
-            return self.vllm_max_tokens_per_micro_batch
-        return self.max_tokens_per_micro_batch
+    def keeps_gathered(self, engine: str, parallelism: str) -> bool:
+        """Whether a run with ``engine`` and ``parallelism`` keeps FSDP2's layers gathered to the backward."""
+        if parallelism != "fsdp2":
+            return False
+        if engine == "vllm" and self.vllm_keep_gathered is not None:
+            return self.vllm_keep_gathered
+        return self.keep_gathered
 
     def parameters(self) -> int:
         kv = self.kv_heads * self.head_dim
@@ -117,7 +119,7 @@ class Shape:
 SHAPES = {
     "S0": Shape("S0", 64, 2, 4, 4, 256, 16, 4, 5, 16, 16, None),
     "S1": Shape("S1", 384, 6, 6, 2, 1536, 32_000, 64, 256, 8, 8, 8192),
-    "S2": Shape("S2", 896, 24, 14, 2, 4864, 151_936, 128, 256, 4, 4, 1536, 768, keep_gathered=True),
+    "S2": Shape("S2", 896, 24, 14, 2, 4864, 151_936, 128, 256, 4, 4, 1536, True, vllm_keep_gathered=False),
 }
 
 
@@ -272,7 +274,7 @@ def activation_bytes_per_token_layer(shape: Shape, parallelism: str, precision: 
 
 def rank_memory_model(
     shape: Shape, parallelism: str, precision: str, *, world: int, micro_batch_tokens: int, chunk_mib: int | None,
-    baseline_bytes: int, completion_tokens: int,
+    baseline_bytes: int, completion_tokens: int, keep_gathered: bool = False,
 ) -> dict[str, float]:  # fmt: skip
     """Expected peak RSS of one train rank during an update, from first principles, in bytes per component.
 
@@ -281,9 +283,9 @@ def rank_memory_model(
     - ``adamw_states``: exp_avg and exp_avg_sq, float32, the same share;
     - ``ddp_buckets``: DDP's flat gradient buckets beside the gradients (``4 N``);
     - ``gathered_parameters``: FSDP2's root (embedding/LM head, kept gathered from forward to backward) and two
-      decoder layers (the one computing and the prefetched one) in the compute dtype, or every decoder layer where
-      the shape keeps them gathered (``Shape.keep_gathered``); DDP with autocast keeps bf16 copies of every weight
-      it cast (2 N) until the backward;
+      decoder layers (the one computing and the prefetched one) in the compute dtype, or every decoder layer with
+      ``keep_gathered`` (``train.fsdp_reshard_after_forward=False``); DDP with autocast keeps bf16 copies of every
+      weight it cast (2 N) until the backward;
     - ``activations``: :func:`activation_bytes_per_token_layer` x layers x the micro-batch's padded tokens;
     - ``logits_chunk``: the fused head's two [n, V] float32 buffers plus its bf16 gradient copy (2.5 chunks), and
       the head weight's gradient buffer (V x hidden) in the compute dtype; materialised logits: the micro-batch's
@@ -305,7 +307,7 @@ def rank_memory_model(
         "adamw_states": 8.0 * n * share,
         "ddp_buckets": 4.0 * n if parallelism == "ddp" else 0.0,
         "gathered_parameters": float(
-            compute * (shape.vocab * shape.hidden + (shape.layers if shape.keep_gathered else 2) * layer_params)
+            compute * (shape.vocab * shape.hidden + (shape.layers if keep_gathered else 2) * layer_params)
             if parallelism == "fsdp2"
             else (2 * n if precision == "bf16" else 0)
         ),
@@ -431,7 +433,7 @@ def session_config(run: Run, shape: Shape, model_dir: Path, prompts: Path | None
             embedded=EmbeddedConfig(num_threads=2),
             vllm=VLLMConfig(
                 max_model_len=max(longest, 64) if run.engine == "vllm" else None,
-                kv_cache_gib=2,
+                kv_cache_gib=1,  # the most S2 needs is ~0.1 GiB; the server's memory stays through the update
                 server_start_timeout_s=900.0,
                 sync_timeout_s=600.0,
                 request_timeout_s=3600.0,
@@ -441,8 +443,8 @@ def session_config(run: Run, shape: Shape, model_dir: Path, prompts: Path | None
             lr=1e-5 if shape.name != "S0" else 1e-3,
             micro_batch_size=128,
             parallelism=run.parallelism,  # type: ignore[arg-type]
-            max_tokens_per_micro_batch=shape.token_budget(run.engine),
-            fsdp_reshard_after_forward=not (shape.keep_gathered and run.parallelism == "fsdp2"),
+            max_tokens_per_micro_batch=shape.max_tokens_per_micro_batch,
+            fsdp_reshard_after_forward=not shape.keeps_gathered(run.engine, run.parallelism),
             mixed_precision="bf16" if run.precision == "bf16" else "no",
             logits_chunk_mib=None if run.logits == "materialised" else 32,
         ),
@@ -596,25 +598,24 @@ def measure_rates(shapes: list[str]) -> dict[str, Any]:
     return rates
 
 
-def micro_batch_tokens(shape: Shape, engine: str) -> tuple[int, int, int]:
+def micro_batch_tokens(shape: Shape) -> tuple[int, int, int]:
     """(padded tokens of the largest micro-batch, micro-batches per rank, its completion tokens) at full-length
     completions."""
     per_rank = shape.prompts * shape.samples // 2
     seq = shape.prompt_tokens + shape.completion_tokens
     rows = per_rank
-    budget = shape.token_budget(engine)
-    if budget is not None:
-        rows = max(1, min(per_rank, budget // seq))
+    if shape.max_tokens_per_micro_batch is not None:
+        rows = max(1, min(per_rank, shape.max_tokens_per_micro_batch // seq))
     return rows * seq, -(-per_rank // rows), rows * shape.completion_tokens
 
 
 def derived_memory(run: Run, baseline: int) -> dict[str, float]:
     shape = SHAPES[run.shape]
-    tokens, _, completion = micro_batch_tokens(shape, run.engine)
+    tokens, _, completion = micro_batch_tokens(shape)
     return rank_memory_model(
         shape, run.parallelism, run.precision, world=2, micro_batch_tokens=tokens,
         chunk_mib=None if run.logits == "materialised" else 32, baseline_bytes=baseline,
-        completion_tokens=completion,
+        completion_tokens=completion, keep_gathered=shape.keeps_gathered(run.engine, run.parallelism),
     )  # fmt: skip
 
 

@@ -542,11 +542,10 @@ def _shape_settings(data: dict[str, Any]) -> str:
     """Each shape's micro-batch token budget and FSDP2 resharding, as a partial run recorded them."""
     parts = []
     for name, shape in (data.get("shapes") or {}).items():
-        budget = f"{name}: micro-batches of {shape.get('max_tokens_per_micro_batch')} tokens"
-        if shape.get("vllm_max_tokens_per_micro_batch"):
-            budget += f" ({shape['vllm_max_tokens_per_micro_batch']} with vLLM)"
         kept = "kept gathered" if shape.get("keep_gathered") else "resharded after the forward"
-        parts.append(f"{budget}, FSDP2 layers {kept}")
+        if shape.get("vllm_keep_gathered") is not None and shape["vllm_keep_gathered"] != shape.get("keep_gathered"):
+            kept += f" ({'kept gathered' if shape['vllm_keep_gathered'] else 'resharded'} with vLLM)"
+        parts.append(f"{name}: micro-batches of {shape.get('max_tokens_per_micro_batch')} tokens, FSDP2 layers {kept}")
     return "; ".join(parts) or "settings not recorded"
 
 

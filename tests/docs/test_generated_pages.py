@@ -311,14 +311,20 @@ def test_shapes_sections_without_the_full_ladder_show_each_partial_run_under_its
         "rank_update_peak_over_derived": 1.1,
         "sync_over_memcpy": 0.25,
     }
-    for name, run in (("shapes_s1.json", "S1-fsdp2-embedded-bf16"), ("shapes_s2.json", "S2-fsdp2-embedded-bf16")):
+    s2 = {"S2": {"max_tokens_per_micro_batch": 1536, "keep_gathered": True, "vllm_keep_gathered": False}}
+    for name, run, shapes in (("shapes_s1.json", "S1-fsdp2-embedded-bf16", {}),
+                              ("shapes_s2.json", "S2-fsdp2-embedded-bf16", s2)):  # fmt: skip
         _write(tmp_path, name, {"quick": False, "command": f"python benchmarks/shapes.py --only {run}",
-                                "runs": {run: measured}})  # fmt: skip
+                                "shapes": shapes, "runs": {run: measured}})  # fmt: skip
 
     page = hooks.shapes_sections(tmp_path)
 
     assert page.index("## Shape ladder, part: `shapes_s1.json`") < page.index("## Shape ladder, part: `shapes_s2.json`")
-    assert "`python benchmarks/shapes.py --only S2-fsdp2-embedded-bf16` (settings not recorded)" in page
+    assert "`python benchmarks/shapes.py --only S1-fsdp2-embedded-bf16` (settings not recorded)" in page
+    assert (
+        "`python benchmarks/shapes.py --only S2-fsdp2-embedded-bf16` (S2: micro-batches of 1536 tokens, FSDP2 layers "
+        "kept gathered (resharded with vLLM))" in page
+    )
     assert "| S1-fsdp2-embedded-bf16 | 10.0 | 20.0 | 0.50 | 41.0% |" in page
     _write(tmp_path, "shapes.json", {"quick": False, "runs": {"S0-ddp-embedded-fp32": measured}})
     assert "part:" not in hooks.shapes_sections(tmp_path)  # the whole ladder, once run, replaces the parts
