@@ -11,8 +11,8 @@ Shapes (``SHAPES``; S1/S2 built by :mod:`rlsdk.data.shapes`, random init, nothin
   prompts of 128 tokens, completions of up to 256, 4 prompts x 4 samples; micro-batches of 1,536 tokens (one
   group: a prompt and its 4 completions), and FSDP2 keeps the decoder layers gathered from forward to backward
   (``train.fsdp_reshard_after_forward=False``: one all-gather per layer and micro-batch instead of two, for
-  ~0.7 GB more per rank), except with vLLM, whose server stays resident through the update (kept gathered, they
-  ran out of memory on 24 GiB).
+  ~0.7 GB more per rank), except with vLLM: its server stays resident through the update and leaves no room for
+  the kept layers on a 24 GiB machine.
 
 Each run is a real Session in a fresh subprocess (2 train ranks, 1 torch thread each; the embedded engine with 2
 threads in the controller, or a vLLM server): ``--warmup`` untimed steps, then ``--steps`` timed steps of rollout

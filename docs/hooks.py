@@ -559,21 +559,23 @@ def shapes_section(path: Path, *, partial: bool = False) -> str:
     flags = ", ".join(flag for flag, on in (cpu.get("flags") or {}).items() if on)
     machine = f"CPU flags: {flags or 'n/a'}; memcpy {(rates.get('memcpy_bytes_per_s') or 0) / 1e9:.2f} GB/s. "
     quick = QUICK if data.get("quick") else ""
-    lines = [
-        "",
-        f"## Shape ladder{quick}",
-        "",
-        f"`python benchmarks/shapes.py --json {RESULTS}/shapes.json`: S0 (the toy), S1 (~25M parameters, 32k",
-        "BPE vocabulary, 64/256 tokens, 8 x 8), S2 (the Qwen2.5-0.5B shape, 128/256 tokens, 4 x 4), each a real",
-        "Session on 2 ranks (1 thread each) in a fresh process; medians over the timed steps. MFU: model FLOPs of the",
-        "update over its seconds, against 2 x the one-thread GEMM rate this run measured in the same dtype; the rank",
-        "peak is over the first-principles figure of ``rank_memory_model`` (see docs/howto/real-shapes.md).",
-        machine + _environment(data),
-        "",
-    ]
-    if partial:  # the same figures: the whole ladder's description above, its command and settings here
+    if partial:  # the whole ladder's description is in its own section; a part shows its command and settings
         lines = ["", f"## Shape ladder, part: `{path.name}`{quick}", "",
                  f"`{data.get('command')}` ({_shape_settings(data)}). {machine}{_environment(data)}", ""]  # fmt: skip
+    else:
+        lines = [
+            "",
+            f"## Shape ladder{quick}",
+            "",
+            f"`python benchmarks/shapes.py --json {RESULTS}/shapes.json`: S0 (the toy), S1 (~25M parameters, 32k",
+            "BPE vocabulary, 64/256 tokens, 8 x 8), S2 (the Qwen2.5-0.5B shape, 128/256 tokens, 4 x 4), each a "
+            "real Session on 2 ranks (1 thread each) in a fresh process; medians over the timed steps. MFU: model "
+            "FLOPs of the update over its seconds, against 2 x the one-thread GEMM rate this run measured in the same "
+            "dtype; the rank peak is over the first-principles figure of ``rank_memory_model`` (see "
+            "docs/howto/real-shapes.md).",
+            machine + _environment(data),
+            "",
+        ]
     lines += [
         "| shape | GEMM fp32 (GFLOP/s) | GEMM bf16 (GFLOP/s) |",
         "| --- | --- | --- |",

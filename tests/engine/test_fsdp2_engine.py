@@ -156,7 +156,7 @@ def test_fsdp2_keeping_layers_gathered_after_forward_gives_the_same_updates_weig
         for step, (a, b) in enumerate(zip(resharded["steps"], kept["steps"], strict=True)):
             assert b["version"] == a["version"] and b["tokens"] == a["tokens"]
             for key in ("loss_sum", "objective", "grad_norm"):
-                # the same gathers, reductions and kernels in the same order: only when the gathered copy is freed
+                # same gathers, reductions and kernels in the same order; only when the gathered copy is freed differs
                 torch.testing.assert_close(b[key], a[key], rtol=1e-6, atol=1e-7, msg=f"rank {rank} {key} {step}")
         for name, tensor in resharded["state"].items():
             torch.testing.assert_close(kept["state"][name], tensor, rtol=1e-6, atol=1e-7, msg=name)
