@@ -1,0 +1,62 @@
+"""benchmarks/shapes.py's per-run settings: each run's Session gets the token budget and FSDP2 resharding its
+precision and engine call for, and the derived memory that decides whether it runs follows the same settings."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).parents[2] / "benchmarks" / "shapes.py"
+
+
+@pytest.fixture
+def shapes(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts benchmarks/ on sys.path to find _harness
+    spec = importlib.util.spec_from_file_location("shapes_bench", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "shapes_bench", module)  # dataclasses look their module up while it loads
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("precision", "engine", "tokens", "reshard"),
+    [("bf16", "embedded", 1536, False), ("bf16", "vllm", 1536, True), ("fp32", "embedded", 768, True)],
+)
+def test_s2_session_config_takes_the_budget_and_resharding_of_its_precision_and_engine(
+    shapes: ModuleType, tmp_path: Path, precision: str, engine: str, tokens: int, reshard: bool
+) -> None:
+    run = shapes.Run("S2", "fsdp2", engine, precision)
+
+    config = shapes.session_config(run, shapes.SHAPES["S2"], tmp_path, None, tmp_path / "out")
+
+    assert config.train.max_tokens_per_micro_batch == tokens
+    assert config.train.fsdp_reshard_after_forward is reshard
+    assert config.train.mixed_precision == ("bf16" if precision == "bf16" else "no")
+
+
+def test_s2_fp32_derived_memory_counts_its_smaller_resharded_micro_batches(shapes: ModuleType) -> None:
+    baseline = 2**30
+    fp32 = shapes.derived_memory(shapes.Run("S2", "fsdp2", "embedded", "fp32"), baseline)
+    bf16 = shapes.derived_memory(shapes.Run("S2", "fsdp2", "embedded", "bf16"), baseline)
+    s2 = shapes.SHAPES["S2"]
+    layer = (s2.parameters() - s2.vocab * s2.hidden - s2.hidden) / s2.layers
+
+    # float32 activations: 768 padded tokens (two 384-token sequences), not 1536
+    per_token = shapes.activation_bytes_per_token_layer(s2, "fsdp2", "fp32") * s2.layers
+    assert fp32["activations"] == pytest.approx(per_token * 768, rel=1e-12)
+    # resharded: the root and two layers gathered in float32, not every layer
+    assert fp32["gathered_parameters"] == pytest.approx(4 * (s2.vocab * s2.hidden + 2 * layer), rel=1e-12)
+    assert fp32["total"] < bf16["total"] + 1.5 * 2**30
+
+
+def test_shapes_without_fp32_settings_use_the_bf16_ones(shapes: ModuleType) -> None:
+    s1 = shapes.SHAPES["S1"]
+
+    assert s1.token_budget("fp32") == s1.token_budget("bf16") == s1.max_tokens_per_micro_batch
+    assert s1.keeps_gathered("embedded", "fsdp2", "fp32") is s1.keep_gathered
