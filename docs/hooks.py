@@ -545,7 +545,14 @@ def _shape_settings(data: dict[str, Any]) -> str:
         kept = "kept gathered" if shape.get("keep_gathered") else "resharded after the forward"
         if shape.get("vllm_keep_gathered") is not None and shape["vllm_keep_gathered"] != shape.get("keep_gathered"):
             kept += f" ({'kept gathered' if shape['vllm_keep_gathered'] else 'resharded'} with vLLM)"
-        parts.append(f"{name}: micro-batches of {shape.get('max_tokens_per_micro_batch')} tokens, FSDP2 layers {kept}")
+        if shape.get("fp32_max_tokens_per_micro_batch") is not None or shape.get("fp32_keep_gathered") is not None:
+            fp32_tokens = shape.get("fp32_max_tokens_per_micro_batch") or shape.get("max_tokens_per_micro_batch")
+            fp32_kept = shape.get("fp32_keep_gathered")
+            fp32_kept = shape.get("keep_gathered") if fp32_kept is None else fp32_kept
+            kept += f" (in float32: {fp32_tokens} tokens, {'kept gathered' if fp32_kept else 'resharded'})"
+        tokens = shape.get("max_tokens_per_micro_batch")
+        size = "`train.micro_batch_size` sequences" if tokens is None else f"{tokens} tokens"
+        parts.append(f"{name}: micro-batches of {size}, FSDP2 layers {kept}")
     return "; ".join(parts) or "settings not recorded"
 
 
@@ -573,6 +580,7 @@ def shapes_section(path: Path, *, partial: bool = False) -> str:
             "FLOPs of the update over its seconds, against 2 x the one-thread GEMM rate this run measured in the same "
             "dtype; the rank peak is over the first-principles figure of ``rank_memory_model`` (see "
             "docs/howto/real-shapes.md).",
+            f"Settings: {_shape_settings(data)}.",
             machine + _environment(data),
             "",
         ]
@@ -605,7 +613,7 @@ def shapes_section(path: Path, *, partial: bool = False) -> str:
         lines += ["", f"rlsdk ({engine} engine) / TRL GRPOTrainer per-step time at {trl.get('shape')}: {ratio:.2f}."]
     lines.append("")
     if not partial:
-        lines += _plot("shapes.png", "update seconds and MFU per run, rank peak memory over the derived figure")
+        lines += _plot("shapes.png", "update MFU per run, and each rank's peak memory over the derived figure")
     return "\n".join(lines)
 
 

@@ -283,6 +283,10 @@ def test_shapes_section_with_fake_results_shows_rates_runs_skips_and_trl_ratio(
             "quick": False,
             "cpu": {"model": "cpu", "flags": {"avx512_bf16": True, "amx_bf16": False}},
             "rates": {"memcpy_bytes_per_s": 3e9, "gemm_flops_per_s": {"S2": {"fp32": 30e9, "bf16": 90e9}}},
+            "shapes": {
+                "S0": {"max_tokens_per_micro_batch": None},
+                "S2": {"max_tokens_per_micro_batch": 1536, "keep_gathered": True},
+            },
             "runs": {
                 "S2-fsdp2-embedded-bf16": measured,
                 "S2-ddp-embedded-bf16": {"skipped": "derived need 30.0 GiB > 20.0 GiB available"},
@@ -294,6 +298,10 @@ def test_shapes_section_with_fake_results_shows_rates_runs_skips_and_trl_ratio(
     page = hooks.shapes_section(path)
 
     assert "## Shape ladder" in page and "avx512_bf16; memcpy 3.00 GB/s" in page
+    assert (
+        "Settings: S0: micro-batches of `train.micro_batch_size` sequences, FSDP2 layers resharded after the forward; "
+        "S2: micro-batches of 1536 tokens, FSDP2 layers kept gathered." in page
+    )
     assert "| S2 | 30.0 | 90.0 |" in page
     assert "| S2-fsdp2-embedded-bf16 | 10.0 | 20.0 | 0.50 | 41.0% | 123 | 4.00 | 1.10x | 0.25 |" in page
     assert "| S2-ddp-embedded-bf16 | derived need 30.0 GiB > 20.0 GiB available |" in page
@@ -311,7 +319,8 @@ def test_shapes_sections_without_the_full_ladder_show_each_partial_run_under_its
         "rank_update_peak_over_derived": 1.1,
         "sync_over_memcpy": 0.25,
     }
-    s2 = {"S2": {"max_tokens_per_micro_batch": 1536, "keep_gathered": True, "vllm_keep_gathered": False}}
+    s2 = {"S2": {"max_tokens_per_micro_batch": 1536, "keep_gathered": True, "vllm_keep_gathered": False,
+                 "fp32_max_tokens_per_micro_batch": 768, "fp32_keep_gathered": False}}  # fmt: skip
     for name, run, shapes in (("shapes_s1.json", "S1-fsdp2-embedded-bf16", {}),
                               ("shapes_s2.json", "S2-fsdp2-embedded-bf16", s2)):  # fmt: skip
         _write(tmp_path, name, {"quick": False, "command": f"python benchmarks/shapes.py --only {run}",
@@ -323,7 +332,7 @@ def test_shapes_sections_without_the_full_ladder_show_each_partial_run_under_its
     assert "`python benchmarks/shapes.py --only S1-fsdp2-embedded-bf16` (settings not recorded)" in page
     assert (
         "`python benchmarks/shapes.py --only S2-fsdp2-embedded-bf16` (S2: micro-batches of 1536 tokens, FSDP2 layers "
-        "kept gathered (resharded with vLLM))" in page
+        "kept gathered (resharded with vLLM) (in float32: 768 tokens, resharded))" in page
     )
     assert "| S1-fsdp2-embedded-bf16 | 10.0 | 20.0 | 0.50 | 41.0% |" in page
     _write(tmp_path, "shapes.json", {"quick": False, "runs": {"S0-ddp-embedded-fp32": measured}})
