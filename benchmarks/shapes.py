@@ -571,7 +571,8 @@ def summarize_run(run: Run, data: dict[str, Any], rates: dict[str, Any], memory:
     gemm = rates["gemm_flops_per_s"][run.shape][run.precision]
     sync_bytes = 4 * shape.parameters()
     rank_peak = max(v for k, v in peaks["update"].items() if k.startswith("rank")) * 2**20
-    # the first update of the run (warm-up included): glibc keeps freed heap pages, so later peaks may creep up
+    # the first update of the run (its warm-up step, if any): its forward and backward run before the first optimizer
+    # step creates AdamW's states, so its peak is below the derived total by up to those states
     first = data["steps"][0]["peak_rss_mib"]["update"]
     first_peak = max(v for k, v in first.items() if k.startswith("rank")) * 2**20
     return {

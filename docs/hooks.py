@@ -20,12 +20,15 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -556,6 +559,24 @@ def _shape_settings(data: dict[str, Any]) -> str:
     return "; ".join(parts) or "settings not recorded"
 
 
+@functools.cache
+def _benchmark_plots() -> ModuleType:
+    """``benchmarks/plots.py`` (matplotlib is imported only by its plotting functions)."""
+    spec = importlib.util.spec_from_file_location("rlsdk_benchmark_plots", ROOT / "benchmarks" / "plots.py")
+    assert spec is not None and spec.loader is not None
+    plots = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plots)
+    return plots
+
+
+def _first_update(row: dict[str, Any]) -> str:
+    """Two cells: the rank peak of a run's first update (GiB), and that peak over the derived figure less the AdamW
+    states, which the first optimizer step creates after that update's backward; '-' where not recorded. The ratio
+    is ``benchmarks/plots.py``'s, so that the table and the plot cannot disagree."""
+    peak, ratio = _benchmark_plots().first_update_peak(row)
+    return "- | -" if not ratio else f"{peak / 2**30:.2f} | {ratio:.2f}x"
+
+
 def shapes_section(path: Path, *, partial: bool = False) -> str:
     """``benchmarks/shapes.py``: seconds, memory, MFU and sync rate per shape, parallelism, engine and precision.
     ``partial``: a run of part of the ladder, titled with its file name and shown with the command it recorded."""
@@ -579,7 +600,9 @@ def shapes_section(path: Path, *, partial: bool = False) -> str:
             "real Session on 2 ranks (1 thread each) in a fresh process; medians over the timed steps. MFU: model "
             "FLOPs of the update over its seconds, against 2 x the one-thread GEMM rate this run measured in the same "
             "dtype; the rank peak is over the first-principles figure of ``rank_memory_model`` (see "
-            "docs/howto/real-shapes.md).",
+            "docs/howto/real-shapes.md). A run's first update (its warm-up step, or its only step where it has no "
+            "warm-up, as the materialised-logits row) runs before AdamW has states; compare first updates with "
+            "first updates.",
             f"Settings: {_shape_settings(data)}.",
             machine + _environment(data),
             "",
@@ -593,27 +616,29 @@ def shapes_section(path: Path, *, partial: bool = False) -> str:
     lines += [
         "",
         "| run | rollout (s) | update (s) | sync (s) | MFU | gen tok/s | rank peak (GiB) | over derived "
-        "| sync / memcpy |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| first update's rank peak (GiB) | over derived without AdamW states | sync / memcpy |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, row in (data.get("runs") or {}).items():
         if "seconds" not in row:
             why = row.get("skipped") or row.get("error") or "failed"
-            lines.append(f"| {_cell(name)} | {_cell(why)} | | | | | | | |")
+            lines.append(f"| {_cell(name)} | {_cell(why)} | | | | | | | | | |")
             continue
         seconds, peaks = row["seconds"], row.get("peak_rss_mib", {}).get("update", {})
         rank_peak = max((v for k, v in peaks.items() if k.startswith("rank")), default=0.0) / 1024
         lines.append(
             f"| {_cell(name)} | {seconds['rollout']:.1f} | {seconds['update']:.1f} | {seconds['sync']:.2f} | "
             f"{row['update_mfu']:.1%} | {row['generation_tokens_per_s']:.0f} | {rank_peak:.2f} | "
-            f"{row['rank_update_peak_over_derived']:.2f}x | {row['sync_over_memcpy']:.2f} |"
+            f"{row['rank_update_peak_over_derived']:.2f}x | {_first_update(row)} | {row['sync_over_memcpy']:.2f} |"
         )
     trl = data.get("trl") or {}
     for engine, ratio in (trl.get("rlsdk_over_trl_step") or {}).items():
         lines += ["", f"rlsdk ({engine} engine) / TRL GRPOTrainer per-step time at {trl.get('shape')}: {ratio:.2f}."]
     lines.append("")
     if not partial:
-        lines += _plot("shapes.png", "update MFU per run, and each rank's peak memory over the derived figure")
+        lines += _plot(
+            "shapes.png", "update MFU per run; each rank's peak memory over the derived figure, first updates apart"
+        )
     return "\n".join(lines)
 
 

@@ -275,6 +275,8 @@ def test_shapes_section_with_fake_results_shows_rates_runs_skips_and_trl_ratio(
         "generation_tokens_per_s": 123.0,
         "rank_update_peak_over_derived": 1.1,
         "sync_over_memcpy": 0.25,
+        "derived_rank_memory": {"total": 5.0 * 2**30, "adamw_states": 1.0 * 2**30},
+        "steps": [{"peak_rss_mib": {"update": {"controller": 900.0, "rank0": 3072.0, "rank1": 2048.0}}}],
     }
     path = _write(
         tmp_path,
@@ -303,7 +305,8 @@ def test_shapes_section_with_fake_results_shows_rates_runs_skips_and_trl_ratio(
         "S2: micro-batches of 1536 tokens, FSDP2 layers kept gathered." in page
     )
     assert "| S2 | 30.0 | 90.0 |" in page
-    assert "| S2-fsdp2-embedded-bf16 | 10.0 | 20.0 | 0.50 | 41.0% | 123 | 4.00 | 1.10x | 0.25 |" in page
+    # the first update (before AdamW has states) against the derived figure less those states: 3 GiB / 4 GiB
+    assert "| S2-fsdp2-embedded-bf16 | 10.0 | 20.0 | 0.50 | 41.0% | 123 | 4.00 | 1.10x | 3.00 | 0.75x | 0.25 |" in page
     assert "| S2-ddp-embedded-bf16 | derived need 30.0 GiB > 20.0 GiB available |" in page
     assert "rlsdk (embedded engine) / TRL GRPOTrainer per-step time at S1: 0.60." in page
 
