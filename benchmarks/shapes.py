@@ -34,7 +34,9 @@ Figures:
   today's materialised logits (``train.logits_chunk_mib=None``) or its failure;
 - TRL (when installed; ``--no-trl`` skips it): HF TRL's GRPOTrainer on S1 with the same model, data, batch,
   lengths, bf16 autocast and lr, against rlsdk's S1 runs (DDP, each engine), interleaved (TRL, rlsdk embedded,
-  rlsdk vLLM, TRL, ...), per-step time ratios.
+  rlsdk vLLM, TRL, ...), per-step time ratios; and on S2 where S2 is measured (TRL in micro-batches of 4
+  sequences, rlsdk on FSDP2: whole-batch TRL and DDP do not fit in 24 GiB). ``--trl-shapes`` chooses the shapes,
+  ``--trl-only`` runs the comparison without the ladder.
 
 A run whose derived memory need exceeds the memory available when it would start is skipped and recorded with
 the reason (e.g. DDP at S2 on a 24 GiB machine); the materialised-logits row runs all the same, to record its peak
@@ -45,7 +47,7 @@ The full run (the default, one command, unattended) takes about 3 hours on 2 cor
 S2 runs want ~18 GiB free.
 
 Usage: ``python benchmarks/shapes.py [--quick] [--json PATH] [--shapes S0 S1 S2] [--engines embedded vllm]
-[--no-trl] [--models DIR] [--only RUN ...]``.
+[--no-trl] [--trl-shapes S1 S2] [--trl-only] [--models DIR] [--only RUN ...]``.
 """
 
 from __future__ import annotations
@@ -103,6 +105,10 @@ class Shape:
     # resharding, so that two ranks still fit beside the engine (None: as bf16)
     fp32_max_tokens_per_micro_batch: int | None = None
     fp32_keep_gathered: bool | None = None
+    # TRL beside rlsdk at this shape: TRL's micro-batch in sequences (None: the whole batch in one pass), and how
+    # rlsdk's ranks hold the model in the comparison ('fsdp2' where DDP does not fit)
+    trl_micro_batch_size: int | None = None
+    trl_rlsdk_parallelism: str = "ddp"
 
     @property
     def head_dim(self) -> int:
@@ -136,7 +142,8 @@ SHAPES = {
     "S0": Shape("S0", 64, 2, 4, 4, 256, 16, 4, 5, 16, 16, None),
     "S1": Shape("S1", 384, 6, 6, 2, 1536, 32_000, 64, 256, 8, 8, 8192),
     "S2": Shape("S2", 896, 24, 14, 2, 4864, 151_936, 128, 256, 4, 4, 1536, True, vllm_keep_gathered=False,
-                fp32_max_tokens_per_micro_batch=768, fp32_keep_gathered=False),
+                fp32_max_tokens_per_micro_batch=768, fp32_keep_gathered=False, trl_micro_batch_size=4,
+                trl_rlsdk_parallelism="fsdp2"),
 }  # fmt: skip
 
 
@@ -736,11 +743,12 @@ def worker_trl(args: argparse.Namespace) -> None:
             self.last = now
 
     batch = shape.prompts * shape.samples
+    micro = shape.trl_micro_batch_size or batch  # one generation of the whole batch per optimizer step either way
     config = GRPOConfig(
         output_dir=str(Path(args.work_dir) / "trl"),
         max_steps=run.warmup + run.steps,
-        per_device_train_batch_size=batch,
-        gradient_accumulation_steps=1,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=batch // micro,
         num_generations=shape.samples,
         num_iterations=1,
         max_completion_length=shape.completion_tokens,
@@ -772,11 +780,15 @@ def worker_trl(args: argparse.Namespace) -> None:
 
 
 def compare_trl(shape_name: str, models: Path, root: Path, engines: list[str], quick: bool) -> dict[str, Any]:
-    """TRL and rlsdk (2 DDP ranks, each of ``engines``) on the same shape, interleaved per repetition (TRL, rlsdk
-    embedded, rlsdk vLLM, TRL, ...), each in a fresh subprocess; per-step seconds after the warm-up."""
-    warmup, steps, reps = (0, 2, 1) if quick else (1, 4, 2)
+    """TRL and rlsdk (2 ranks, DDP or the shape's ``trl_rlsdk_parallelism``, each of ``engines``) on the same shape,
+    interleaved per repetition (TRL, rlsdk embedded, rlsdk vLLM, TRL, ...), each in a fresh subprocess; per-step
+    seconds after the warm-up. S2's steps are minutes long: fewer of them."""
+    warmup, steps, reps = (0, 2, 1) if quick else (1, 2, 1) if shape_name == "S2" else (1, 4, 2)
     precision = "bf16"
-    rlsdk_runs = [Run(shape_name, "ddp", engine, precision, warmup=warmup, steps=steps) for engine in engines]
+    parallelism = SHAPES[shape_name].trl_rlsdk_parallelism
+    micro = SHAPES[shape_name].trl_micro_batch_size
+    batching = f"micro-batches of {micro} sequences" if micro else "the whole batch in one micro-batch"
+    rlsdk_runs = [Run(shape_name, parallelism, engine, precision, warmup=warmup, steps=steps) for engine in engines]
     trl_run = dataclasses.replace(rlsdk_runs[0], engine="trl")
     step_s: dict[str, list[float]] = {"trl": [], **{run.engine: [] for run in rlsdk_runs}}
     for rep in range(reps):
@@ -803,11 +815,20 @@ def compare_trl(shape_name: str, models: Path, root: Path, engines: list[str], q
         "step_s": step_s,
         "rlsdk_runs": [dataclasses.asdict(run) for run in rlsdk_runs],
         "trl_settings": "GRPOTrainer, transformers generate, bf16 autocast, 2 threads, loss_type dapo, "
-        "num_iterations 1, same model/data/reward/lr/batch/lengths, no gradient checkpointing",
+        f"num_iterations 1, same model/data/reward/lr/batch/lengths, no gradient checkpointing, {batching}",
         "rlsdk_over_trl_step": {
             engine: statistics.median(v) / trl_median for engine, v in step_s.items() if engine != "trl"
         },
     }
+
+
+def trl_shapes(chosen: list[str] | None, shapes: list[str], quick: bool) -> list[str]:
+    """The shapes of the TRL comparison: ``chosen``, else S0 with ``quick``, else S1 and S2 where S2 is measured."""
+    if quick:
+        return ["S0"]
+    if chosen:
+        return chosen
+    return ["S1"] + (["S2"] if "S2" in shapes else [])
 
 
 def main() -> None:
@@ -826,8 +847,16 @@ def main() -> None:
         "--trl",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="compare with TRL's GRPOTrainer (S1; S0 with --quick); default: when trl is installed",
+        help="compare with TRL's GRPOTrainer (see --trl-shapes); default: when trl is installed",
     )
+    parser.add_argument(
+        "--trl-shapes",
+        nargs="+",
+        choices=list(SHAPES),
+        default=None,
+        help="shapes of the TRL comparison (default: S1, and S2 when S2 is among --shapes; S0 with --quick)",
+    )
+    parser.add_argument("--trl-only", action="store_true", help="run the TRL comparison only, not the ladder")
     parser.add_argument("--models", default=None, help="folder for the built models (kept; default: a temp folder)")
     parser.add_argument("--only", nargs="+", default=None, help="run only these runs (names as printed)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps per run (default: per shape)")
@@ -859,7 +888,7 @@ def main() -> None:
         print(f"{cpu['model']}: {', '.join(f for f, on in cpu['flags'].items() if on)}", flush=True)
         rates = measure_rates(shapes)
         baseline = runtime_baseline_bytes()
-        runs = default_runs(shapes, engines, args.quick)
+        runs = [] if args.trl_only else default_runs(shapes, engines, args.quick)
         if args.only:
             runs = [run for run in runs if run.name in args.only]
         if args.warmup is not None or args.steps is not None:
@@ -872,11 +901,12 @@ def main() -> None:
                 for run in runs
             ]
         results = run_ladder(runs, models, root, rates, baseline)
-        trl = None
+        trl_by_shape: dict[str, Any] = {}
         if args.trl if args.trl is not None else importlib.util.find_spec("trl") is not None:
-            trl = compare_trl("S0" if args.quick else "S1", models, root, engines, args.quick)
-            for engine, ratio in (trl.get("rlsdk_over_trl_step") or {}).items():
-                print(f"rlsdk ({engine}) / TRL per-step time: {ratio:.2f}", flush=True)
+            for name in trl_shapes(args.trl_shapes, shapes, args.quick):
+                trl_by_shape[name] = compare_trl(name, models, root, engines, args.quick)
+                for engine, ratio in (trl_by_shape[name].get("rlsdk_over_trl_step") or {}).items():
+                    print(f"rlsdk ({engine}) / TRL per-step time at {name}: {ratio:.2f}", flush=True)
     finally:
         import shutil
 
@@ -898,7 +928,8 @@ def main() -> None:
             },
             "runs": results,
             "ratios": ratios(results),
-            "trl": trl,
+            "trl": next(iter(trl_by_shape.values()), None),  # the first shape's (S1 by default), as before
+            "trl_by_shape": trl_by_shape,
         },
     )
 

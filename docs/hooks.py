@@ -533,12 +533,25 @@ def vllm_section(path: Path) -> str:
 
 
 def shapes_sections(results: Path) -> str:
-    """The whole ladder (``shapes.json``) where it was run, else each partial run (``shapes_*.json``: some shapes
-    or runs of the ladder, ``--only``), under the command it was run with."""
+    """The whole ladder (``shapes.json``) where it was run, then each partial run (``shapes_*.json``: some shapes
+    or runs of the ladder, ``--only``, or the TRL comparison alone, ``--trl-only``) that measured something the
+    whole ladder did not, under the command it was run with; without the whole ladder, every partial run."""
     full = results / "shapes.json"
-    if full.is_file():
-        return shapes_section(full)
-    return "".join(shapes_section(path, partial=True) for path in sorted(results.glob("shapes_*.json")))
+    parts = sorted(results.glob("shapes_*.json"))
+    if not full.is_file():
+        return "".join(shapes_section(path, partial=True) for path in parts)
+    measured = _shapes_measured(json.loads(full.read_text()))
+    extra = [path for path in parts if _shapes_measured(json.loads(path.read_text())) - measured]
+    return shapes_section(full) + "".join(shapes_section(path, partial=True) for path in extra)
+
+
+def _shapes_measured(data: dict[str, Any]) -> set[str]:
+    """The runs a shape-ladder file measured, and its TRL comparisons (``trl@SHAPE``)."""
+    trl = data.get("trl_by_shape")
+    if trl is None:
+        trl = {str(data["trl"].get("shape")): data["trl"]} if data.get("trl") else {}
+    runs = {name for name, row in (data.get("runs") or {}).items() if "seconds" in row}
+    return runs | {f"trl@{shape}" for shape, row in trl.items() if row.get("rlsdk_over_trl_step")}
 
 
 def _shape_settings(data: dict[str, Any]) -> str:
@@ -567,6 +580,50 @@ def _benchmark_plots() -> ModuleType:
     plots = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plots)
     return plots
+
+
+def _runs_table(runs: dict[str, Any]) -> list[str]:
+    """One row per ladder run: its seconds, MFU, generation rate, rank peaks against the derived figures and sync
+    rate, or why it did not run; nothing without runs (a ``--trl-only`` file)."""
+    if not runs:
+        return []
+    lines = [
+        "",
+        "| run | rollout (s) | update (s) | sync (s) | MFU | gen tok/s | rank peak (GiB) | over derived "
+        "| first update's rank peak (GiB) | over derived without AdamW states | sync / memcpy |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, row in runs.items():
+        if "seconds" not in row:
+            why = row.get("skipped") or row.get("error") or "failed"
+            lines.append(f"| {_cell(name)} | {_cell(why)} | | | | | | | | | |")
+            continue
+        seconds, peaks = row["seconds"], row.get("peak_rss_mib", {}).get("update", {})
+        rank_peak = max((v for k, v in peaks.items() if k.startswith("rank")), default=0.0) / 1024
+        lines.append(
+            f"| {_cell(name)} | {seconds['rollout']:.1f} | {seconds['update']:.1f} | {seconds['sync']:.2f} | "
+            f"{row['update_mfu']:.1%} | {row['generation_tokens_per_s']:.0f} | {rank_peak:.2f} | "
+            f"{row['rank_update_peak_over_derived']:.2f}x | {_first_update(row)} | {row['sync_over_memcpy']:.2f} |"
+        )
+    return lines
+
+
+def _trl_lines(data: dict[str, Any]) -> list[str]:
+    """rlsdk over TRL's per-step time, per shape compared (``trl_by_shape``; files from before it hold one
+    comparison under ``trl``), or why a comparison failed."""
+    by_shape = data.get("trl_by_shape")
+    if by_shape is None:
+        trl = data.get("trl") or {}
+        by_shape = {str(trl.get("shape")): trl} if trl else {}
+    lines: list[str] = []
+    for shape, trl in by_shape.items():
+        if trl.get("error"):
+            lines += ["", f"TRL GRPOTrainer beside rlsdk at {shape}: failed ({_cell(trl['error'])})."]
+        parallelism = ((trl.get("rlsdk_runs") or [{}])[0]).get("parallelism", "ddp")
+        for engine, ratio in (trl.get("rlsdk_over_trl_step") or {}).items():
+            line = f"rlsdk ({engine} engine, {parallelism}) / TRL GRPOTrainer per-step time at {shape}: {ratio:.2f}."
+            lines += ["", line]
+    return lines
 
 
 def _first_update(row: dict[str, Any]) -> str:
@@ -613,27 +670,8 @@ def shapes_section(path: Path, *, partial: bool = False) -> str:
     ]
     for shape, row in (rates.get("gemm_flops_per_s") or {}).items():
         lines.append(f"| {shape} | {row.get('fp32', 0) / 1e9:.1f} | {row.get('bf16', 0) / 1e9:.1f} |")
-    lines += [
-        "",
-        "| run | rollout (s) | update (s) | sync (s) | MFU | gen tok/s | rank peak (GiB) | over derived "
-        "| first update's rank peak (GiB) | over derived without AdamW states | sync / memcpy |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for name, row in (data.get("runs") or {}).items():
-        if "seconds" not in row:
-            why = row.get("skipped") or row.get("error") or "failed"
-            lines.append(f"| {_cell(name)} | {_cell(why)} | | | | | | | | | |")
-            continue
-        seconds, peaks = row["seconds"], row.get("peak_rss_mib", {}).get("update", {})
-        rank_peak = max((v for k, v in peaks.items() if k.startswith("rank")), default=0.0) / 1024
-        lines.append(
-            f"| {_cell(name)} | {seconds['rollout']:.1f} | {seconds['update']:.1f} | {seconds['sync']:.2f} | "
-            f"{row['update_mfu']:.1%} | {row['generation_tokens_per_s']:.0f} | {rank_peak:.2f} | "
-            f"{row['rank_update_peak_over_derived']:.2f}x | {_first_update(row)} | {row['sync_over_memcpy']:.2f} |"
-        )
-    trl = data.get("trl") or {}
-    for engine, ratio in (trl.get("rlsdk_over_trl_step") or {}).items():
-        lines += ["", f"rlsdk ({engine} engine) / TRL GRPOTrainer per-step time at {trl.get('shape')}: {ratio:.2f}."]
+    lines += _runs_table(data.get("runs") or {})
+    lines += _trl_lines(data)
     lines.append("")
     if not partial:
         lines += _plot(

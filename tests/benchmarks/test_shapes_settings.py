@@ -60,3 +60,30 @@ def test_shapes_without_fp32_settings_use_the_bf16_ones(shapes: ModuleType) -> N
 
     assert s1.token_budget("fp32") == s1.token_budget("bf16") == s1.max_tokens_per_micro_batch
     assert s1.keeps_gathered("embedded", "fsdp2", "fp32") is s1.keep_gathered
+
+
+@pytest.mark.parametrize(
+    ("chosen", "measured", "quick", "expected"),
+    [
+        (None, ["S0", "S1", "S2"], False, ["S1", "S2"]),
+        (None, ["S1"], False, ["S1"]),
+        (["S2"], ["S2"], False, ["S2"]),
+        (None, ["S0"], True, ["S0"]),
+    ],
+)
+def test_trl_comparison_runs_at_s1_and_at_s2_where_s2_is_measured_unless_chosen(
+    shapes: ModuleType, chosen: list[str] | None, measured: list[str], quick: bool, expected: list[str]
+) -> None:
+    assert shapes.trl_shapes(chosen, measured, quick) == expected
+
+
+def test_s2_trl_comparison_uses_fsdp2_ranks_and_trl_micro_batches_of_one_group(shapes: ModuleType) -> None:
+    s2 = shapes.SHAPES["S2"]
+
+    assert s2.trl_rlsdk_parallelism == "fsdp2" and shapes.SHAPES["S1"].trl_rlsdk_parallelism == "ddp"
+    # one prompt group per TRL micro-batch, as rlsdk's 1536-token micro-batch holds one
+    assert (
+        s2.trl_micro_batch_size
+        == s2.samples
+        == s2.max_tokens_per_micro_batch // (s2.prompt_tokens + s2.completion_tokens)
+    )

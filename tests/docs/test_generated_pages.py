@@ -308,7 +308,20 @@ def test_shapes_section_with_fake_results_shows_rates_runs_skips_and_trl_ratio(
     # the first update (before AdamW has states) against the derived figure less those states: 3 GiB / 4 GiB
     assert "| S2-fsdp2-embedded-bf16 | 10.0 | 20.0 | 0.50 | 41.0% | 123 | 4.00 | 1.10x | 3.00 | 0.75x | 0.25 |" in page
     assert "| S2-ddp-embedded-bf16 | derived need 30.0 GiB > 20.0 GiB available |" in page
-    assert "rlsdk (embedded engine) / TRL GRPOTrainer per-step time at S1: 0.60." in page
+    assert "rlsdk (embedded engine, ddp) / TRL GRPOTrainer per-step time at S1: 0.60." in page
+    data = json.loads(path.read_text())
+    data["trl_by_shape"] = {
+        "S1": data["trl"],
+        "S2": {"shape": "S2", "rlsdk_over_trl_step": {"embedded": 0.8}, "rlsdk_runs": [{"parallelism": "fsdp2"}]},
+    }
+    path.write_text(json.dumps(data))
+    page = hooks.shapes_section(path)
+    assert page.index("ddp) / TRL GRPOTrainer per-step time at S1: 0.60.") < page.index(
+        "rlsdk (embedded engine, fsdp2) / TRL GRPOTrainer per-step time at S2: 0.80."
+    )
+    data["trl_by_shape"]["S2"] = {"error": "TRL exit code -9"}
+    path.write_text(json.dumps(data))
+    assert "TRL GRPOTrainer beside rlsdk at S2: failed (TRL exit code -9)." in hooks.shapes_section(path)
 
 
 def test_shapes_sections_without_the_full_ladder_show_each_partial_run_under_its_command(
@@ -338,8 +351,19 @@ def test_shapes_sections_without_the_full_ladder_show_each_partial_run_under_its
         "kept gathered (resharded with vLLM) (in float32: 768 tokens, resharded))" in page
     )
     assert "| S1-fsdp2-embedded-bf16 | 10.0 | 20.0 | 0.50 | 41.0% |" in page
-    _write(tmp_path, "shapes.json", {"quick": False, "runs": {"S0-ddp-embedded-fp32": measured}})
+    ladder = {"S1-fsdp2-embedded-bf16": measured, "S2-fsdp2-embedded-bf16": measured}
+    _write(tmp_path, "shapes.json", {"quick": False, "runs": ladder, "trl_by_shape": {}})
     assert "part:" not in hooks.shapes_sections(tmp_path)  # the whole ladder, once run, replaces the parts
+    trl_s2 = {"shape": "S2", "rlsdk_over_trl_step": {"embedded": 0.8}, "rlsdk_runs": [{"parallelism": "fsdp2"}]}
+    _write(tmp_path, "shapes_trl_s2.json", {"quick": False, "command": "python benchmarks/shapes.py --trl-only",
+                                             "runs": {}, "trl_by_shape": {"S2": trl_s2}})  # fmt: skip
+
+    page = hooks.shapes_sections(tmp_path)
+
+    # a part that measured what the whole ladder did not (TRL at S2) follows it; no empty runs table
+    assert page.index("## Shape ladder\n") < page.index("## Shape ladder, part: `shapes_trl_s2.json`")
+    assert page.count("## Shape ladder, part:") == 1 and page.count("| run | rollout (s)") == 1
+    assert "rlsdk (embedded engine, fsdp2) / TRL GRPOTrainer per-step time at S2: 0.80." in page
 
 
 def test_post_training_results_fill_the_marker_with_tables_intervals_and_significance(
