@@ -727,6 +727,7 @@ def worker_trl(args: argparse.Namespace) -> None:
         dataset = datasets.Dataset.from_list([json.loads(line) for line in prompts.read_text().splitlines()])
         reward = whitespace_reward
     times: list[float] = []
+    lengths: list[float] = []  # TRL's mean completion length per logged step: the tokens it generated and trained on
 
     def reward_fn(prompts: list[str], completions: list[str], **kwargs: Any) -> list[float]:
         return reward(completions, **{k: v for k, v in kwargs.items() if k == "answer"})
@@ -741,6 +742,10 @@ def worker_trl(args: argparse.Namespace) -> None:
             now = time.perf_counter()
             times.append(now - self.last)
             self.last = now
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+            if logs and "completions/mean_length" in logs:
+                lengths.append(float(logs["completions/mean_length"]))
 
     batch = shape.prompts * shape.samples
     micro = shape.trl_micro_batch_size or batch  # one generation of the whole batch per optimizer step either way
@@ -776,7 +781,7 @@ def worker_trl(args: argparse.Namespace) -> None:
                           processing_class=tokenizer, callbacks=[StepClock()])  # fmt: skip
     trainer.remove_callback(PrinterCallback)
     trainer.train()
-    Path(args.result).write_text(json.dumps({"step_s": times}))
+    Path(args.result).write_text(json.dumps({"step_s": times, "completion_mean_length": lengths}))
 
 
 def compare_trl(shape_name: str, models: Path, root: Path, engines: list[str], quick: bool) -> dict[str, Any]:
@@ -791,6 +796,8 @@ def compare_trl(shape_name: str, models: Path, root: Path, engines: list[str], q
     rlsdk_runs = [Run(shape_name, parallelism, engine, precision, warmup=warmup, steps=steps) for engine in engines]
     trl_run = dataclasses.replace(rlsdk_runs[0], engine="trl")
     step_s: dict[str, list[float]] = {"trl": [], **{run.engine: [] for run in rlsdk_runs}}
+    # mean completion tokens per sequence in the timed steps: both sides must generate (and train on) as many
+    lengths: dict[str, list[float]] = {"trl": [], **{run.engine: [] for run in rlsdk_runs}}
     for rep in range(reps):
         work = Path(tempfile.mkdtemp(prefix=f"trl-{rep}-", dir=root))
         result = work / "result.json"
@@ -800,19 +807,25 @@ def compare_trl(shape_name: str, models: Path, root: Path, engines: list[str], q
         proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
         if proc.returncode != 0:
             return {"error": f"TRL exit code {proc.returncode}", "last_lines": proc.stderr.strip().splitlines()[-15:]}
-        step_s["trl"] += json.loads(result.read_text())["step_s"][warmup:]
-        print(f"  TRL rep {rep}: {statistics.median(step_s['trl']):.1f} s/step", flush=True)
+        trl_result = json.loads(result.read_text())
+        step_s["trl"] += trl_result["step_s"][warmup:]
+        lengths["trl"] += trl_result["completion_mean_length"][warmup:]
+        print(f"  TRL rep {rep}: {statistics.median(step_s['trl']):.1f} s/step, completions "
+              f"{statistics.median(lengths['trl'] or [0]):.0f} tokens on average", flush=True)  # fmt: skip
         for run in rlsdk_runs:
             data = run_worker(run, models, root)
             if "error" in data:
                 return {"error": f"rlsdk run {run.name} failed", **data}
             step_s[run.engine] += [sum(s["seconds"].values()) for s in data["steps"] if s["timed"]]
+            sequences = SHAPES[shape_name].prompts * SHAPES[shape_name].samples
+            lengths[run.engine] += [s["completion_tokens"] / sequences for s in data["steps"] if s["timed"]]
             print(f"  rlsdk {run.engine} rep {rep}: {statistics.median(step_s[run.engine]):.1f} s/step", flush=True)
     trl_median = statistics.median(step_s["trl"])
     return {
         "shape": shape_name,
         "precision": precision,
         "step_s": step_s,
+        "completion_mean_length": lengths,
         "rlsdk_runs": [dataclasses.asdict(run) for run in rlsdk_runs],
         "trl_settings": "GRPOTrainer, transformers generate, bf16 autocast, 2 threads, loss_type dapo, "
         f"num_iterations 1, same model/data/reward/lr/batch/lengths, no gradient checkpointing, {batching}",
