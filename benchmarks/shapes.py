@@ -34,8 +34,8 @@ Figures:
   today's materialised logits (``train.logits_chunk_mib=None``) or its failure;
 - TRL (when installed; ``--no-trl`` skips it): HF TRL's GRPOTrainer on S1 with the same model, data, batch,
   lengths, bf16 autocast and lr, against rlsdk's S1 runs (DDP, each engine), interleaved (TRL, rlsdk embedded,
-  rlsdk vLLM, TRL, ...), per-step time ratios; and on S2 where S2 is measured (TRL in micro-batches of 4
-  sequences, rlsdk on FSDP2: whole-batch TRL and DDP do not fit in 24 GiB). ``--trl-shapes`` chooses the shapes,
+  rlsdk vLLM, TRL, ...), per-step time ratios; and on S2 where S2 is measured (TRL in micro-batches of one prompt
+  group, as rlsdk's; rlsdk on FSDP2, as DDP does not fit in 24 GiB). ``--trl-shapes`` chooses the shapes,
   ``--trl-only`` runs the comparison without the ladder.
 
 A run whose derived memory need exceeds the memory available when it would start is skipped and recorded with
@@ -43,8 +43,8 @@ the reason (e.g. DDP at S2 on a 24 GiB machine); the materialised-logits row run
 or its OOM. S2 in float32 uses smaller micro-batches with its layers resharded, so that it fits.
 
 ``--quick``: S0 only (DDP and FSDP2, embedded, 1 step; TRL at S0 for 2 steps): a smoke test, not a measurement.
-The full run (the default, one command, unattended) takes about 3 hours on 2 cores and needs a quiet machine; its
-S2 runs want ~18 GiB free.
+The full run (the default, one command, unattended) takes about 2 hours on 2 cores (the TRL comparisons about half of
+it) and needs a quiet machine; its S2 runs want ~18 GiB free.
 
 Usage: ``python benchmarks/shapes.py [--quick] [--json PATH] [--shapes S0 S1 S2] [--engines embedded vllm]
 [--no-trl] [--trl-shapes S1 S2] [--trl-only] [--models DIR] [--only RUN ...]``.
