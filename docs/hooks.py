@@ -547,11 +547,17 @@ def shapes_sections(results: Path) -> str:
 
 def _shapes_measured(data: dict[str, Any]) -> set[str]:
     """The runs a shape-ladder file measured, and its TRL comparisons (``trl@SHAPE``)."""
-    trl = data.get("trl_by_shape")
-    if trl is None:
-        trl = {str(data["trl"].get("shape")): data["trl"]} if data.get("trl") else {}
     runs = {name for name, row in (data.get("runs") or {}).items() if "seconds" in row}
-    return runs | {f"trl@{shape}" for shape, row in trl.items() if row.get("rlsdk_over_trl_step")}
+    return runs | {f"trl@{shape}" for shape, row in _trl_by_shape(data).items() if row.get("rlsdk_over_trl_step")}
+
+
+def _trl_by_shape(data: dict[str, Any]) -> dict[str, Any]:
+    """A shape-ladder file's TRL comparisons by shape (``trl_by_shape``; files from before it hold one comparison
+    under ``trl``)."""
+    if data.get("trl_by_shape") is not None:
+        return data["trl_by_shape"]
+    trl = data.get("trl") or {}
+    return {str(trl.get("shape")): trl} if trl else {}
 
 
 def _shape_settings(data: dict[str, Any]) -> str:
@@ -609,14 +615,9 @@ def _runs_table(runs: dict[str, Any]) -> list[str]:
 
 
 def _trl_lines(data: dict[str, Any]) -> list[str]:
-    """rlsdk over TRL's per-step time, per shape compared (``trl_by_shape``; files from before it hold one
-    comparison under ``trl``), or why a comparison failed."""
-    by_shape = data.get("trl_by_shape")
-    if by_shape is None:
-        trl = data.get("trl") or {}
-        by_shape = {str(trl.get("shape")): trl} if trl else {}
+    """rlsdk over TRL's per-step time, per shape compared, or why a comparison failed."""
     lines: list[str] = []
-    for shape, trl in by_shape.items():
+    for shape, trl in _trl_by_shape(data).items():
         if trl.get("error"):
             lines += ["", f"TRL GRPOTrainer beside rlsdk at {shape}: failed ({_cell(trl['error'])})."]
         parallelism = ((trl.get("rlsdk_runs") or [{}])[0]).get("parallelism", "ddp")
