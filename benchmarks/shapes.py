@@ -43,8 +43,8 @@ the reason (e.g. DDP at S2 on a 24 GiB machine); the materialised-logits row run
 or its OOM. S2 in float32 uses smaller micro-batches with its layers resharded, so that it fits.
 
 ``--quick``: S0 only (DDP and FSDP2, embedded, 1 step; TRL at S0 for 2 steps): a smoke test, not a measurement.
-The full run (the default, one command, unattended) takes about 2 hours on 2 cores (the TRL comparisons about half of
-it) and needs a quiet machine; its S2 runs want ~18 GiB free.
+The full run (the default, one command, unattended) takes hours on 2 cores (the TRL comparisons about half; the
+recorded ``seconds`` say how long it took) and needs a quiet machine; its S2 runs want ~18 GiB free.
 
 Usage: ``python benchmarks/shapes.py [--quick] [--json PATH] [--shapes S0 S1 S2] [--engines embedded vllm]
 [--no-trl] [--trl-shapes S1 S2] [--trl-only] [--models DIR] [--only RUN ...]``.
