@@ -392,5 +392,19 @@ def test_regenerate_reproduces_committed_fixtures_byte_for_byte(reference: str, 
         capture_output=True,
     )
 
-    for name in ("inputs.safetensors", f"{reference}.safetensors", f"{reference}.json"):
+    for name in ("inputs.safetensors", f"{reference}.json"):
         assert (tmp_path / name).read_bytes() == (FIXTURES / name).read_bytes(), name
+    from safetensors.torch import load_file
+
+    # The references' outputs: the same up to a few units in the last place. torch's vectorised kernels (AVX2,
+    # AVX-512) round a reduction's last bit differently on different CPUs; a real change to the fixtures moves far
+    # more than that, and the comparisons against rlsdk use their own (looser) tolerances.
+    regenerated = load_file(tmp_path / f"{reference}.safetensors")
+    committed = load_file(FIXTURES / f"{reference}.safetensors")
+    assert regenerated.keys() == committed.keys()
+    for key, tensor in committed.items():
+        ulp = torch.finfo(tensor.dtype).eps if tensor.is_floating_point() else 0.0
+        torch.testing.assert_close(
+            regenerated[key], tensor, rtol=8 * ulp, atol=8 * ulp * float(tensor.nan_to_num().abs().max()),
+            equal_nan=True, msg=key,
+        )  # fmt: skip
