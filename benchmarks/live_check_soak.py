@@ -3,7 +3,7 @@
 For each setup it runs ``recipes/grpo_reverse.py``'s step (rollout -> reward -> update -> sync_weights, 2 ranks,
 the tiny reverse policy) for ``--steps`` steps with ``launch.trace_poll_s`` at each value of ``--poll-s`` and
 counts what the live checks saw (the watchdog's ``poll_stats``): polls analysed, polls a rank left unanswered,
-single-poll *certain* sightings and confirmed reports. On a clean run every confirmed report, and every
+single-poll *settled* sightings and confirmed reports. On a clean run every confirmed report, and every
 ``CollectiveHangError``, is a false report: there must be none (exit status 1 otherwise).
 
 Setups and default step counts: ``embedded`` 2,000 (the recipe's config), ``colocated`` 2,000
@@ -125,8 +125,8 @@ def main() -> None:
             row = results[key]
             print(
                 f"{key:<22} {row['steps']:>5} steps in {row['seconds']:>6.0f} s  polls {row['poll_stats']['polls']:>6} "
-                f"(unanswered {row['poll_stats']['unanswered']}), certain sightings "
-                f"{row['poll_stats']['certain']}, false reports {row['poll_stats']['confirmed']}"
+                f"(unanswered {row['poll_stats']['unanswered']}), settled sightings "
+                f"{row['poll_stats']['settled']}, false reports {row['poll_stats']['confirmed']}"
                 f"{'' if not row['false_reports'] else ' + ' + str(len(row['false_reports'])) + ' raised'}"
             )
     false_total = sum(row["poll_stats"]["confirmed"] + len(row["false_reports"]) for row in results.values())

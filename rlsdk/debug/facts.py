@@ -1,8 +1,8 @@
 """What the ranks' snapshots prove about the future: which ranks can never issue another call in a command.
 
-The analyser (:mod:`rlsdk.debug.analyze`) calls a divergence *certain* when no future action of any rank can
-resolve it. Mismatches at one sequence number are certain by themselves (both calls were issued). A missing,
-extra or unmatched call is certain when every rank that would have to issue the counterpart is in the
+The analyser (:mod:`rlsdk.debug.analyze`) calls a divergence *settled* when no future action of any rank can
+resolve it. Mismatches at one sequence number are settled by themselves (both calls were issued). A missing,
+extra or unmatched call is settled when every rank that would have to issue the counterpart is in the
 *never set* of the command ``K`` the waiting call belongs to:
 
 - **dead**: the rank's process is known to have exited (not merely slow to answer);
@@ -18,7 +18,7 @@ extra or unmatched call is certain when every rank that would have to issue the 
 "Blocked" rests on snapshots taken at slightly different times on each rank; the live check therefore only
 believes it when those ranks' states (:func:`fingerprint`) are unchanged across two polls, which gives one
 instant where all of them held at once. Ranks still computing, or blocked in a call some live rank may still
-match, are never in the set: that is a straggler or an uncertain hang, left to ``launch.hang_timeout_s``.
+match, are never in the set: that is a straggler or an unsettled hang, left to ``launch.hang_timeout_s``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ What the buffer does not hold, and what the records say instead:
 - the Session command of a call: taken from the rank's command history (:attr:`Tracer.command_history`) by the
   entry's creation time;
 - ``sync`` (the issuing thread waits for the call): NCCL calls return once enqueued, so every record is
-  ``sync=False``. The analyser then never takes a rank as blocked *in* a collective; certain divergences are the
+  ``sync=False``. The analyser then never takes a rank as blocked *in* a collective; settled divergences are the
   mismatches at one sequence number and the calls whose peers have died or finished the command;
 - the reduce op and a broadcast's root: ``None`` on every rank alike, so they never make two calls differ;
 - point-to-point peers come from the profiling name (``nccl:send 0->1``, ``nccl:recv 1<-0``).

@@ -8,8 +8,9 @@ blocked in a collective) only for the records appended since the last poll and f
 it still holds as pending: in a blocked job a poll moves a few hundred bytes.
 
 :class:`LiveCheck` applies the rule for reporting without waiting for ``launch.hang_timeout_s``: the same
-*certain* divergence (see :mod:`rlsdk.debug.facts`) on two polls in a row, with the states of the blocked ranks
-its certainty rests on unchanged in between.
+*settled* divergence (no future action of any rank can resolve it; see :mod:`rlsdk.debug.facts`) on two polls in a
+row, with the states of the blocked ranks it rests on unchanged in between. Whether its root cause is certain or
+only the best of ranked candidates does not delay the report: a settled hang stays a hang.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ class TraceMirror:
 
 
 class LiveCheck:
-    """Confirms a certain divergence: the same one (kind, ranks, group, sequence number) on two polls in a row,
+    """Confirms a settled divergence: the same one (kind, ranks, group, sequence number) on two polls in a row,
     with the ranks in its ``evidence`` in the same state (:func:`~rlsdk.debug.facts.fingerprint`) on both."""
 
     def __init__(self) -> None:
@@ -144,7 +145,7 @@ class LiveCheck:
     def observe(self, report: TraceReport, states: Mapping[int, Mapping[str, Any]]) -> Divergence | None:
         """The divergence once confirmed, else ``None`` (remembered for the next poll)."""
         div = report.divergence
-        if div is None or not div.certain:
+        if div is None or not div.settled:
             self._last = None
             return None
         key = (

@@ -5,10 +5,11 @@ before, and meanwhile:
 
 - **live checks** (``trace_poll_s``, default 1 s): from ``trace_poll_s`` after the command started, every
   ``trace_poll_s`` it refreshes its copy of the ranks' tracers (:class:`~rlsdk.debug.live.TraceMirror`: a cheap
-  ``trace_poll`` query answered by each rank's event thread) and analyses it. A *certain* divergence (a mismatch
+  ``trace_poll`` query answered by each rank's event thread) and analyses it. A *settled* divergence (a mismatch
   at one sequence number, a collective or p2p call whose counterpart ranks finished the command, are dead, or
   are blocked for good: see :mod:`rlsdk.debug.facts`) seen on two polls in a row is confirmed with one full
-  ``trace`` and handled at once, as below. Uncertain states (a straggler, ranks still computing) wait for:
+  ``trace`` and handled at once, as below, whether its root cause is certain or ranked among candidates.
+  Unsettled states (a straggler, ranks still computing) wait for:
 - **the hang check**: every ``hang_timeout_s`` without an answer it asks each rank's event thread for its
   tracer state and thread stacks (a ``trace`` query, answered while the main thread is blocked in a
   collective), runs :func:`rlsdk.debug.analyze.analyze`, and:
@@ -213,9 +214,9 @@ class WatchedControllerChannel(ControllerChannel):
         self._inflight: str | None = None
         # group -> the sequence number of a reported divergence the ranks got past (see analyze's acknowledged)
         self._acknowledged: dict[str, int] = {}
-        self.poll_stats = {"polls": 0, "unanswered": 0, "certain": 0, "confirmed": 0}
+        self.poll_stats = {"polls": 0, "unanswered": 0, "settled": 0, "confirmed": 0}
         """Live checks so far: ``polls`` analysed, ``unanswered`` (a rank busy past the poll's timeout),
-        ``certain`` (a certain divergence on one poll) and ``confirmed`` (reported: on two polls, and the full
+        ``settled`` (a settled divergence on one poll) and ``confirmed`` (reported: on two polls, and the full
         trace agreed)."""
 
     def _report(self, report: TraceReport) -> None:
@@ -356,14 +357,14 @@ class WatchedControllerChannel(ControllerChannel):
             return None
         report = await self._analyze(states)
         self.poll_stats["polls"] += 1
-        if report.divergence is not None and report.divergence.certain:
-            self.poll_stats["certain"] += 1
+        if report.divergence is not None and report.divergence.settled:
+            self.poll_stats["settled"] += 1
         div = check.observe(report, states)
         if div is None or _key(div) in seen:
             return None
         dead = any(state.get("dead") for state in states.values())
         full = await self.trace(timeout_s=1.0 if dead else 2.0)  # a dead rank never answers: wait less for it
-        if full.divergence is None or not full.divergence.certain or _key(full.divergence) != _key(div):
+        if full.divergence is None or not full.divergence.settled or _key(full.divergence) != _key(div):
             check.reset()  # the full view disagrees: keep watching
             return None
         self.poll_stats["confirmed"] += 1

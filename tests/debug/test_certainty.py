@@ -1,5 +1,6 @@
-"""Which divergences are certain (reported by the live check at once) and which are left to hang_timeout_s;
-the history of a divergence. Pure functions over records (no processes)."""
+"""Which divergences are settled (reported by the live check at once) and which are left to hang_timeout_s; which
+verdicts are certain (their ranks named from evidence alone) and which only lead ranked candidates; the history
+of a divergence. Pure functions over records (no processes)."""
 
 from __future__ import annotations
 
@@ -69,12 +70,30 @@ def diagnose(states: dict[int, dict[str, Any]]) -> Any:
         (rec(2, reduce_op="MAX"), "reduce-op mismatch"),
     ],
 )
-def test_mismatch_at_one_sequence_number_is_certain_without_evidence(second: dict[str, Any], kind: str) -> None:
+def test_mismatch_at_one_sequence_number_is_settled_without_evidence_but_a_two_rank_tie_is_not_certain(
+    second: dict[str, Any], kind: str
+) -> None:
     states = {0: state(0, rec(1), rec(2, done=False)), 1: state(1, rec(1), second)}
 
     div = diagnose(states)
 
-    assert (div.kind, div.certain, div.evidence) == (kind, True, [])
+    assert (div.kind, div.settled, div.evidence, div.certain, div.basis) == (kind, True, [], False, "tie")
+    assert (div.candidates[0]["kind"], div.candidates[0]["ranks"]) == (kind, [1])
+
+
+@pytest.mark.parametrize(
+    ("second", "kind"),
+    [(rec(2, shape=(5,), done=False), "shape mismatch"), (rec(2, reduce_op="MAX"), "reduce-op mismatch")],
+)
+def test_mismatch_against_a_strict_majority_names_the_minority_as_certain(second: dict[str, Any], kind: str) -> None:
+    ranks = (0, 1, 2)
+    states = {r: state(r, rec(1), rec(2, done=False), ranks=ranks) for r in (0, 2)}
+    states[1] = state(1, rec(1), second, ranks=ranks)
+
+    div = diagnose(states)
+
+    assert (div.kind, div.ranks, div.settled, div.certain, div.basis) == (kind, [1], True, True, "majority")
+    assert "certain: a strict majority" in str(analyze(states, site_check=never))
 
 
 def test_source_mismatch_is_certain() -> None:
@@ -83,21 +102,34 @@ def test_source_mismatch_is_certain() -> None:
         1: state(1, rec(1, "broadcast", root=1, done=False)),
     }
 
-    assert (diagnose(states).kind, diagnose(states).certain) == ("source mismatch", True)
+    assert (diagnose(states).kind, diagnose(states).settled) == ("source mismatch", True)
 
 
-def test_missing_collective_whose_lagging_rank_finished_the_command_is_certain() -> None:
+def test_missing_collective_whose_lagging_rank_finished_the_command_is_settled() -> None:
     states = {0: state(0, rec(1), rec(2, done=False)), 1: state(1, rec(1), command_seq=None, last=3)}
 
     div = diagnose(states)
 
-    assert (div.kind, div.ranks, div.certain) == ("missing collective", [1], True)
+    assert (div.kind, div.ranks, div.settled, div.certain) == ("missing collective", [1], True, False)
+    assert "not certain (no evidence picks a side" in str(analyze(states, site_check=never))
 
 
-def test_missing_collective_whose_lagging_rank_moved_to_a_later_command_is_certain() -> None:
+def test_missing_collective_on_a_minority_that_finished_the_command_is_certain() -> None:
+    ranks = (0, 1, 2)
+    states = {r: state(r, rec(1), rec(2, done=False), ranks=ranks) for r in (0, 1)}
+    states[2] = state(2, rec(1), command_seq=None, last=3, ranks=ranks)
+
+    div = diagnose(states)
+
+    assert (div.kind, div.ranks, div.certain, div.basis, div.evidence) == (
+        "missing collective", [2], True, "majority", [0, 1]
+    )  # fmt: skip
+
+
+def test_missing_collective_whose_lagging_rank_moved_to_a_later_command_is_settled() -> None:
     states = {0: state(0, rec(1), rec(2, done=False)), 1: state(1, rec(1), command_seq=4)}
 
-    assert diagnose(states).certain
+    assert diagnose(states).settled
 
 
 def test_idle_rank_that_has_not_received_the_command_yet_is_a_straggler_not_certain() -> None:
@@ -126,7 +158,11 @@ def test_rank_stuck_in_its_tp_group_is_explained_by_that_group_not_reported_miss
 
     div = diagnose(states)
 
-    assert (div.kind, div.group, div.ranks, div.certain) == ("missing collective", "1", [2], True)
+    assert (div.kind, div.group, div.ranks, div.settled) == ("missing collective", "1", [2], True)
+    assert [(c["group"], c["ranks"]) for c in div.candidates] == [("1", [2]), ("2", [1])]
+    assert (
+        "explained: rank(s) [1] wait in, or broke in, missing collective in group 1 seq 1" in div.candidates[1]["why"]
+    )
 
 
 def test_never_set_holds_finished_ranks_and_ranks_blocked_on_them_with_the_blocked_ones_as_evidence() -> None:
@@ -168,7 +204,7 @@ def test_async_pending_call_proves_nothing() -> None:
     assert div.kind == "p2p unmatched" and not div.certain
 
 
-def test_wait_for_cycle_of_blocked_ranks_is_certain_with_both_as_evidence() -> None:
+def test_wait_for_cycle_of_blocked_ranks_is_settled_with_both_as_evidence_but_not_certain() -> None:
     states = {
         0: state(0, rec(1), p2p(1, "recv", 1, 1, done=False, t=1.0)),
         1: state(1, rec(1), rec(2, done=False)),
@@ -176,7 +212,10 @@ def test_wait_for_cycle_of_blocked_ranks_is_certain_with_both_as_evidence() -> N
 
     div = diagnose(states)
 
-    assert (div.kind, div.ranks, div.certain, div.evidence) == ("p2p unmatched", [1], True, [0, 1])
+    assert (div.kind, div.ranks, div.settled, div.evidence, div.certain) == ("p2p unmatched", [1], True, [0, 1], False)
+    assert [(c["kind"], c["ranks"]) for c in div.candidates] == [("p2p unmatched", [1]), ("missing collective", [0])]
+    assert "convention" in div.candidates[0]["why"]  # either rank may be at fault: rank 1 never sends, or rank 0
+    # should have joined the all-reduce
 
 
 def test_irecv_in_the_cycle_leaves_it_uncertain() -> None:
@@ -206,7 +245,7 @@ def test_unmatched_send_to_a_finished_peer_is_certain() -> None:
 
     div = diagnose(states)
 
-    assert (div.kind, div.certain) == ("p2p unmatched", True)
+    assert (div.kind, div.settled) == ("p2p unmatched", True)
 
 
 def test_crashed_rank_is_certain_only_when_its_process_is_known_gone() -> None:

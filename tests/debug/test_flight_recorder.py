@@ -94,7 +94,8 @@ def test_analyze_on_flight_recorder_records_names_the_op_mismatch_rank_seq_and_c
     report = analyze({0: _state(0, rank0), 1: _state(1, rank1)}, site_check=lambda site: False)
 
     div = report.divergence
-    assert div is not None and div.kind == "op mismatch" and div.seq == 2 and div.certain
+    assert div is not None and div.kind == "op mismatch" and div.seq == 2 and div.settled
+    assert not div.certain  # two ranks disagree with no third to side with either: a tie
     sites = {side["rank"]: side["record"]["site"] for side in div.sides}
     assert sites == {0: "/home/me/train.py:42", 1: "/home/me/train.py:42"}
 

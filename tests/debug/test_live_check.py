@@ -114,7 +114,7 @@ def test_trace_mirror_reads_the_crash_safe_tail_of_a_rank_whose_process_is_gone(
 
     assert states[1]["crashed"] and states[1]["dead"] and [r["seq"] for r in states[1]["records"]] == [1, 2]
     div = analyze(states).divergence
-    assert (div.kind, div.ranks, div.certain) == ("shape mismatch", [1], True)
+    assert (div.kind, div.ranks, div.settled) == ("shape mismatch", [1], True)
 
 
 def _states(kind: str) -> dict[int, dict[str, Any]]:
@@ -125,7 +125,7 @@ def _states(kind: str) -> dict[int, dict[str, Any]]:
                 "peer_seq": None, "splits": None, "sync": True, "thread": 1, "index": seq}  # fmt: skip
 
     base = {"now": time.monotonic(), "groups": {"0": {"ranks": [0, 1]}}, "main_thread": 1, "threads": {"1": "M"}}
-    lagging = {"command": None, "command_seq": None, "last_command_seq": 3}  # finished: a certain desync
+    lagging = {"command": None, "command_seq": None, "last_command_seq": 3}  # finished: a settled desync
     if kind == "straggler":
         lagging = {"command": "update", "command_seq": 3, "last_command_seq": 3}  # still computing
     return {
@@ -143,7 +143,7 @@ def _cycle() -> dict[int, dict[str, Any]]:
     return states
 
 
-def test_live_check_confirms_on_the_second_poll_only_while_the_evidence_is_unchanged() -> None:
+def test_live_check_confirms_a_settled_cycle_on_the_second_poll_only_while_the_evidence_is_unchanged() -> None:
     states = _cycle()
     report = analyze(states)
     check = LiveCheck()
@@ -153,7 +153,8 @@ def test_live_check_confirms_on_the_second_poll_only_while_the_evidence_is_uncha
     moved = {0: states[0], 1: states[1] | {"count": 99}}
     third = check.observe(analyze(moved), moved)
 
-    assert report.divergence.certain and report.divergence.evidence == [0, 1]
+    assert report.divergence.settled and report.divergence.evidence == [0, 1]
+    assert not report.divergence.certain  # a two-rank wait-for cycle: either rank may be at fault, still a hang
     assert first is None and second is not None and second.kind == "p2p unmatched"
     assert third is None  # rank 1's state changed between the polls: start over
 
@@ -190,7 +191,7 @@ def _channel(tmp_path: Path, *, hang_timeout_s: float, poll_states: Any, full_st
     return channel
 
 
-def test_certain_divergence_is_raised_after_two_polls_long_before_hang_timeout(tmp_path: Path) -> None:
+def test_settled_divergence_is_raised_after_two_polls_long_before_hang_timeout(tmp_path: Path) -> None:
     channel = _channel(tmp_path, hang_timeout_s=30.0, poll_states=lambda: _states("desync"),
                        full_states=lambda: _states("desync"))  # fmt: skip
 
@@ -206,7 +207,7 @@ def test_certain_divergence_is_raised_after_two_polls_long_before_hang_timeout(t
     error, seconds = asyncio.run(scenario())
 
     assert seconds < 5.0
-    assert error.report.divergence.kind == "missing collective" and error.report.divergence.certain
+    assert error.report.divergence.kind == "missing collective" and error.report.divergence.settled
     assert channel.poll_stats["polls"] == 2 and channel.poll_stats["confirmed"] == 1
     assert error.path is not None and (error.path / "report.txt").is_file()
 
@@ -221,7 +222,7 @@ def test_straggler_is_left_to_hang_timeout_and_never_raised(tmp_path: Path) -> N
         return await channel._watch("update", task, time.monotonic())
 
     assert asyncio.run(scenario()) == ["done", "done"]
-    assert channel.poll_stats["polls"] >= 5 and channel.poll_stats["certain"] == 0
+    assert channel.poll_stats["polls"] >= 5 and channel.poll_stats["settled"] == 0
     assert channel.traces_taken >= 1  # type: ignore[attr-defined]  # the hang check ran, and only logged
 
 
@@ -235,7 +236,7 @@ def test_live_divergence_is_not_raised_when_the_full_trace_disagrees(tmp_path: P
         return await channel._watch("update", task, time.monotonic())
 
     assert asyncio.run(scenario()) == ["ok", "ok"]
-    assert channel.poll_stats["confirmed"] == 0 and channel.poll_stats["certain"] >= 2
+    assert channel.poll_stats["confirmed"] == 0 and channel.poll_stats["settled"] >= 2
 
 
 def test_ranks_dying_during_a_command_get_their_tails_diagnosis_added_to_the_error(tmp_path: Path) -> None:

@@ -118,7 +118,7 @@ def test_nccl_flight_recorder_shows_a_desync_at_the_same_sequence_number() -> No
     assert (last[0]["op"], last[1]["op"]) == ("allreduce", "broadcast")  # ... different collectives
     report = analyze(traces, site_check=lambda site: False)  # the analyser, report and notebook view of CPU ranks
     assert report.divergence is not None and report.divergence.kind == "op mismatch"
-    assert report.divergence.seq == last[0]["seq"] and report.divergence.certain
+    assert report.divergence.seq == last[0]["seq"] and report.divergence.settled
     # the call site is this file's async collective, found in the Flight Recorder's frames
     assert all("test_gpu.py:" in side["record"]["site"] for side in report.divergence.sides)
 
