@@ -42,6 +42,11 @@ def check_live_check_soak(data: dict[str, Any]) -> None:
     assert sum(run["poll_stats"]["polls"] for run in data["runs"].values()) > 0  # the stress setting polled
 
 
+def check_root_cause_soak(data: dict[str, Any]) -> None:
+    assert data["runs_per_pattern"] == 1 and len(data["patterns"]) == 6
+    assert data["ok"] and all(entry["wrong_certain"] == 0 for entry in data["patterns"].values())
+
+
 def check_dashboard_logs(data: dict[str, Any]) -> None:
     assert data["records"] == 1000 and data["displayed_per_s"] > 0
     assert data["lag_ms_p99"] >= 0
@@ -188,6 +193,7 @@ CASES: dict[str, tuple[Callable[[dict[str, Any]], None], list[Any], Callable[[],
     "lora": (check_lora, DISTRIBUTED, peft_missing),  # 90 s: 2 Sessions (full, LoRA) x 4 steps
     "live_check_soak": (check_live_check_soak, DISTRIBUTED, None),  # 290 s loaded (vLLM's start 190 s): 4 Sessions
     "shapes": (check_shapes, DISTRIBUTED, None),  # S0 Sessions (DDP, FSDP2), then TRL and rlsdk at S0
+    "root_cause_soak": (check_root_cause_soak, DISTRIBUTED, None),  # 6 x 4 gloo ranks, one run each
 }
 
 

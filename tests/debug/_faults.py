@@ -378,3 +378,183 @@ def session_lock_straggler(worker: object, hold_s: float = 8.0) -> dict[str, int
         lock.acquire()  # SESSION_LOCK_SITE
     dist.all_reduce(torch.ones(3))
     return {"rank": rank}
+
+
+# Harder patterns across groups, p2p rings and look-alike collectives (issue 39). Four ranks in a 2-D mesh: tensor
+# parallel TP{0,1}{2,3} x data parallel DP{0,2}{1,3}.
+
+
+def _mesh() -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    return mesh.get_group("tp"), mesh.get_group("dp")
+
+
+def mesh_tp_skip_cycle(rank: int, world: int) -> None:
+    """Rank 3 skips a TP all-reduce: rank 2 waits in TP{2,3}, rank 0 in DP{0,2} for rank 2, ranks 1 and 3 in the
+    world barrier for ranks 0 and 2. The waits form a cycle through three groups."""
+    _warmup()
+    tp, dp = _mesh()
+    dist.all_reduce(torch.ones(4), group=tp)
+    dist.all_reduce(torch.ones(4), group=dp)
+    chunks = 0 if rank == 3 else 1  # data-dependent: an empty shard on rank 3
+    for _ in range(chunks):
+        dist.all_reduce(torch.ones(8), group=tp)  # CYCLE_TP_SITE
+    dist.all_reduce(torch.ones(2), group=dp)  # CYCLE_DP_SITE
+    dist.barrier()  # CYCLE_BARRIER_SITE
+
+
+def all_to_all_stale_splits(rank: int, world: int) -> None:
+    """MoE token dispatch: each step exchanges the per-expert token counts, then the tokens. On the second step
+    rank 1 reuses the first step's receive counts (a stale cache)."""
+    _warmup()
+    stale: list[int] = []
+    for step in range(2):
+        send = [(rank + peer + step) % 3 + 1 for peer in range(world)]  # tokens routed to each peer's expert
+        counts = torch.empty(world, dtype=torch.int64)
+        dist.all_to_all_single(counts, torch.tensor(send))
+        receive = [int(n) for n in counts]
+        if rank == 1 and step == 1:
+            receive = stale  # STALE_COUNTS_SITE
+        stale = receive
+        out, tokens = torch.empty(sum(receive), 2), torch.ones(sum(send), 2)
+        dist.all_to_all_single(out, tokens, output_split_sizes=receive, input_split_sizes=send)  # A2A_TOKENS_SITE
+    dist.barrier()
+
+
+def async_order_swap_mesh(rank: int, world: int) -> None:
+    """Each rank all-reduces its attention and MLP gradients in its TP group, async; rank 2 issues them in the
+    other order (it iterates a set of names)."""
+    _warmup()
+    tp, dp = _mesh()
+    dist.all_reduce(torch.ones(4), group=dp)
+    grads = {"attn": torch.ones(4), "mlp": torch.ones(8)}
+    names = ["mlp", "attn"] if rank == 2 else ["attn", "mlp"]
+    works = [dist.all_reduce(grads[name], group=tp, async_op=True) for name in names]  # SWAP_SITE
+    for work in works:
+        work.wait()
+    dist.all_reduce(torch.ones(2), group=dp)
+
+
+def ddp_bucket_skip_equal_shapes(rank: int, world: int) -> None:
+    """A hand-written DDP: one gradient bucket per block, reduced in backward order. On the third step rank 1's
+    config freezes the attention block, so it has no attention bucket, whose size equals the MLP bucket's."""
+    _warmup()
+    for step in range(3):
+        frozen = {"attn"} if rank == 1 and step == 2 else set()
+        dist.all_reduce(torch.ones(4))  # head bucket
+        if "attn" not in frozen:
+            dist.all_reduce(torch.ones(16))  # SKIPPED_BUCKET_SITE
+        dist.all_reduce(torch.ones(16))  # MLP_BUCKET_SITE
+        dist.all_reduce(torch.ones(8))  # embedding bucket
+    dist.barrier()
+
+
+def p2p_ring_reversed_pair(rank: int, world: int, rounds: int = 3) -> None:
+    """A ring exchange with batch_isend_irecv (send right, receive left) for ``rounds`` rounds; on the last round
+    rank 2 reverses its pair (sends left, receives right)."""
+    _warmup()
+    right, left = (rank + 1) % world, (rank - 1) % world
+    for step in range(rounds):
+        send, recv = torch.ones(4), torch.empty(4)
+        to, frm = (left, right) if rank == 2 and step == rounds - 1 else (right, left)
+        ops = [dist.P2POp(dist.isend, send, to), dist.P2POp(dist.irecv, recv, frm)]
+        for work in dist.batch_isend_irecv(ops):  # RING_SITE
+            work.wait()
+    dist.all_reduce(torch.ones(2))  # AFTER_RING_SITE
+
+
+def clean_mesh_async(rank: int, world: int) -> None:
+    """Clean: a 2-D mesh step with async TP all-reduces waited in another order, a DP all-gather and reduce-scatter,
+    an uneven but consistent all-to-all in the DP group, a batch_isend_irecv ring both ways, and a barrier."""
+    _warmup()
+    tp, dp = _mesh()
+    for _ in range(3):
+        works = [dist.all_reduce(torch.ones(n), group=tp, async_op=True) for n in (4, 8)]
+        for work in reversed(works) if rank % 2 else works:
+            work.wait()
+        gathered = torch.empty(8)
+        dist.all_gather_into_tensor(gathered, torch.ones(4), group=dp, async_op=True).wait()
+        dist.reduce_scatter_tensor(torch.empty(4), gathered, group=dp)
+        me = dist.get_rank(dp)
+        send, receive = ([1, 2], [1, 3]) if me == 0 else ([3, 2], [2, 2])
+        dist.all_to_all_single(torch.empty(sum(receive)), torch.ones(sum(send)), receive, send, group=dp)
+        right, left = (rank + 1) % world, (rank - 1) % world
+        ops = [
+            dist.P2POp(dist.isend, torch.ones(2), right),
+            dist.P2POp(dist.irecv, torch.empty(2), left),
+            dist.P2POp(dist.isend, torch.ones(3), left),
+            dist.P2POp(dist.irecv, torch.empty(3), right),
+        ]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+    dist.barrier()
+
+
+# What the analyser must say about each pattern above, and the check tests and benchmarks/root_cause_soak.py share.
+# name: (kind, faulty ranks, ranks of the diverging group, seq, call-site markers among the sides, certain);
+# None: a clean control (no divergence).
+ROOT_CAUSE_PATTERNS: dict[str, tuple[str, list[int], list[int], int, list[str], bool] | None] = {
+    "mesh_tp_skip_cycle": ("missing collective", [3], [2, 3], 2, ["CYCLE_TP_SITE", "CYCLE_BARRIER_SITE"], True),
+    "all_to_all_stale_splits": ("shape mismatch", [1], [0, 1, 2, 3], 5, ["A2A_TOKENS_SITE"], True),
+    "async_order_swap_mesh": ("shape mismatch", [2], [2, 3], 1, ["SWAP_SITE"], True),
+    "ddp_bucket_skip_equal_shapes": (
+        "missing collective",
+        [1],
+        [0, 1, 2, 3],
+        11,
+        ["SKIPPED_BUCKET_SITE", "MLP_BUCKET_SITE"],
+        True,
+    ),
+    "p2p_ring_reversed_pair": ("p2p unmatched", [2], [0, 1, 2, 3], 5, ["RING_SITE"], False),
+    "clean_mesh_async": None,
+}
+
+
+def marker_site(marker: str) -> str:
+    """``file:line`` of the line of this module carrying ``# MARKER``."""
+    path = os.path.abspath(__file__)
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if f"# {marker}" in line:
+                return f"{path}:{number}"
+    raise KeyError(marker)
+
+
+def verdict(report: object) -> tuple[object, ...] | None:
+    """What must be the same on every run: kind, ranks, the diverging group's ranks, seq, certain and call sites."""
+    div = report.divergence  # type: ignore[attr-defined]
+    if div is None:
+        return None
+    states = report.states  # type: ignore[attr-defined]
+    group = next((st["groups"][div.group]["ranks"] for st in states.values() if div.group in (st.get("groups") or {})),
+                 None)  # fmt: skip
+    sites = tuple(sorted({side["record"]["site"] for side in div.sides if side.get("record")}))
+    return (div.kind, tuple(div.ranks), tuple(group or ()), div.seq, div.certain, sites)
+
+
+def root_cause_problems(name: str, report: object, seconds: float, limit_s: float = 5.0) -> list[str]:
+    """Every way a diagnosis of pattern ``name`` misses :data:`ROOT_CAUSE_PATTERNS` (empty: right)."""
+    expected = ROOT_CAUSE_PATTERNS[name]
+    div = report.divergence  # type: ignore[attr-defined]
+    if expected is None:
+        return [] if div is None else [f"a clean program drew a report: {div.headline()}"]
+    kind, ranks, group, seq, markers, certain = expected
+    if div is None:
+        return ["no divergence found"]
+    got = verdict(report)
+    assert got is not None
+    problems = []
+    if got[:4] != (kind, tuple(ranks), tuple(group), seq):
+        problems.append(f"verdict {got[:4]} != {(kind, tuple(ranks), tuple(group), seq)}")
+    if div.certain and got[:4] != (kind, tuple(ranks), tuple(group), seq):
+        problems.append("a certain verdict that is wrong")
+    if div.certain != certain:
+        problems.append(f"certain={div.certain}, expected {certain}")
+    missing = [marker for marker in markers if marker_site(marker) not in got[5]]
+    if missing:
+        problems.append(f"call sites {missing} not among the sides {got[5]}")
+    if seconds > limit_s:
+        problems.append(f"diagnosed after {seconds:.1f} s (> {limit_s} s)")
+    return problems
