@@ -528,8 +528,10 @@ def verdict(report: object) -> tuple[object, ...] | None:
     if div is None:
         return None
     states = report.states  # type: ignore[attr-defined]
+    # the group's ranks as a live member reports them; when every member died, the ranks holding its records
     group = next((st["groups"][div.group]["ranks"] for st in states.values() if div.group in (st.get("groups") or {})),
-                 None)  # fmt: skip
+                 None) or sorted(rank for rank, st in states.items() if any(rec["group"] == div.group and not
+                                 rec.get("p2p") for rec in st.get("records", ())))  # fmt: skip
     sites = tuple(sorted({side["record"]["site"] for side in div.sides if side.get("record")}))
     return (div.kind, tuple(div.ranks), tuple(group or ()), div.seq, div.certain, sites)
 

@@ -33,7 +33,10 @@ def verdict(states: dict[int, dict[str, Any]]) -> tuple[Any, ...] | None:
     div = analyze(states, site_check=never).divergence
     if div is None:
         return None
-    group = next(st["groups"][div.group]["ranks"] for st in states.values() if div.group in (st.get("groups") or {}))
+    group = next(
+        (st["groups"][div.group]["ranks"] for st in states.values() if div.group in (st.get("groups") or {})),
+        sorted(r for r, st in states.items() if any(rec["group"] == div.group for rec in st["records"])),
+    )
     sites = {side["record"]["site"] for side in div.sides if side.get("record")}
     return (div.kind, div.ranks, group, div.seq, div.certain, sites)
 
