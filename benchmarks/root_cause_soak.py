@@ -71,6 +71,16 @@ def sanitize(states: dict[int, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+ROOT = str(Path(__file__).resolve().parents[1]) + os.sep
+
+
+def _relative(value: Any) -> Any:
+    """A verdict's field as JSON, call sites relative to the repository."""
+    if isinstance(value, tuple):
+        return [_relative(item) for item in value]
+    return value[len(ROOT) :] if isinstance(value, str) and value.startswith(ROOT) else value
+
+
 def run_pattern(name: str, runs: int, save: Path | None) -> dict[str, Any]:
     rows = []
     for run in range(runs):
@@ -86,7 +96,7 @@ def run_pattern(name: str, runs: int, save: Path | None) -> dict[str, Any]:
                 "run": run,
                 "seconds": result.seconds,
                 "latency_s": result.latency_s,
-                "verdict": None if found is None else [list(v) if isinstance(v, tuple) else v for v in found],
+                "verdict": None if found is None else [_relative(v) for v in found],
                 "certain": bool(result.report.divergence and result.report.divergence.certain),
                 "problems": problems,
             }
