@@ -81,18 +81,27 @@ def test_session_lora_embedded_syncs_only_the_adapter_and_resumes_exactly(small_
         assert got["checksum"] == want["checksum"]  # bitwise the same adapter
 
 
-def test_session_lora_colocated_ranks_generate_with_the_adapter_they_train(small_config: SessionConfig) -> None:
+def test_session_lora_colocated_ranks_generate_with_the_adapter_they_train_and_warn_once_of_the_frozen_head(
+    small_config: SessionConfig,
+) -> None:
     config = dataclasses.replace(_lora(small_config), inference=InferenceConfig(engine="colocated"))
 
-    async def run() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    async def run() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
         async with await Session.start(config) as session:
             records = await _steps(session, 2)
-            return records, await session.call("weight_info")
+            shown = [r["message"] for r in session.log_router.recent_records() if r.get("level") == "WARNING"]
+            return records, await session.call("weight_info"), shown
 
-    records, ranks = asyncio.run(run())
+    records, ranks, shown = asyncio.run(run())
 
     assert ranks[0]["checksum"] == ranks[1]["checksum"] == records[-1]["checksum"]
     assert all(r["agreement"] < 1e-4 for r in records)
+    # the tiny policy is randomly initialised: its frozen head caps every token's probability (docs/howto/lora.md)
+    capped = [m for m in shown if "no token can get a probability above" in m]
+    assert len(capped) == 1 and "train.lora_target_modules" in capped[0]
+    logs = Path(config.observe.output_dir) / "logs"
+    assert "no token can get a probability above" in (logs / "rank_0.log").read_text()
+    assert "no token can get a probability above" not in (logs / "rank_1.log").read_text()
 
 
 def test_session_resuming_a_lora_checkpoint_without_lora_raises_config_error_before_any_process(

@@ -238,10 +238,12 @@ class TrainEngine:
             trust_remote_code=config.model.trust_remote_code,
         )
         if self.lora:
-            from rlsdk.engine.lora import apply_lora, load_adapter
+            from rlsdk.engine.lora import apply_lora, check_lora_capacity, load_adapter
 
             self.base_checksum = state_dict_checksum(model.state_dict())
             model = apply_lora(model, train)
+            if accelerator.is_main_process:  # the same model on every rank: warn once
+                check_lora_capacity(model)
             if resume_from is not None:
                 model, _ = load_adapter(model, Path(resume_from) / "model")
         self.fsdp2 = train.parallelism == "fsdp2"
