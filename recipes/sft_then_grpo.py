@@ -15,7 +15,9 @@ TRL's trainers read them), the tokenizer and a ~216k-parameter Qwen2-style model
 2. **GRPO** in a new Session whose ``model.path`` is that checkpoint's model (a fresh optimizer, the RL learning
    rate), rewarded on the TRUE answer (exact match) plus 0.1 for the format; ``Session.train`` evaluates the
    held-out split greedily and sampled every ``train.eval_every`` steps. RL turns the carries the policy samples
-   sometimes into the ones it writes greedily.
+   sometimes into the ones it writes greedily. ``--train.lora-rank R`` trains LoRA adapters on the SFT'd weights
+   in this phase only (SFT always trains every weight of the random-init model); docs/howto/lora.md has the
+   learning rates measured for it.
 
 Both phases generate on the train ranks (``inference.engine='colocated'``: no separate engine, no weights to
 copy); ``--inference.engine embedded`` or ``vllm`` serve from a separate engine instead, with the same results up to
@@ -191,7 +193,9 @@ async def sft_phase(config: SFTThenGRPOConfig, *, progress: bool = True) -> dict
     sft = config.sft
     cfg = session_config(
         config,
-        train=dataclasses.replace(config.train, lr=sft.lr),
+        # Every weight: the base is randomly initialised, and LoRA adapters cannot make a policy of its small
+        # output head (docs/howto/lora.md); train.lora_rank applies to GRPO, from the SFT'd weights.
+        train=dataclasses.replace(config.train, lr=sft.lr, lora_rank=0),
         observe=dataclasses.replace(config.observe, output_dir=str(Path(config.observe.output_dir) / "sft")),
     )
     started = time.perf_counter()

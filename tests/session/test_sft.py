@@ -145,3 +145,26 @@ def test_recipe_runs_sft_then_evaluate_then_five_grpo_steps_from_the_verified_sf
         assert list((tmp_path / "run" / phase / "tensorboard").glob("events.out.tfevents.*"))
     assert (tmp_path / "run" / "summary.json").is_file()
     assert (tmp_path / "outputs" / "data" / "addition" / "test.jsonl").is_file()
+
+
+@pytest.mark.slow
+def test_recipe_with_lora_trains_every_weight_in_sft_and_only_adapters_in_grpo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("peft", reason="LoRA needs peft: install the lora extra")
+    from rlsdk.cli import run_recipe
+    from rlsdk.engine.lora import is_adapter_dir
+
+    monkeypatch.chdir(tmp_path)
+    recipe = Path(__file__).parents[2] / "recipes" / "sft_then_grpo.py"
+    flags = ["--sft.steps", "40", "--sft.eval-every", "40", "--sft.warmup-steps", "5", "--train.max-steps", "3",
+             "--train.eval-every", "3", "--eval-samples", "0", "--train.lora-rank", "4", "--train.lora-alpha", "8",
+             "--train.lr", "5e-3", "--observe.output-dir", str(tmp_path / "run")]  # fmt: skip
+
+    summary = run_recipe(str(recipe), flags)
+
+    sft_model, rl_model = Path(summary["sft"]["checkpoint"]) / "model", Path(summary["rl"]["checkpoint"]) / "model"
+    assert (sft_model / "config.json").is_file() and not is_adapter_dir(sft_model)  # SFT: every weight
+    assert is_adapter_dir(rl_model) and not (rl_model / "config.json").is_file()  # GRPO: the adapter only
+    assert summary["rl"]["steps"] == 3
+    assert summary["rl"]["evaluations"][0]["eval/pass@1"] == summary["sft"]["evaluations"][-1]["eval/pass@1"]
