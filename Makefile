@@ -64,7 +64,7 @@ $(VENV)/.stamp-bench: pyproject.toml $(VENV)/.stamp-base
 # extras. `make bench ARGS=--quick` runs the smoke variants into a fresh temporary folder instead (never over the
 # committed results). A failing benchmark does not stop the others; make fails at the end and names it.
 BENCHMARKS := session_overhead tracer_overhead dashboard_logs vllm_sync async_rollouts algorithms trl_compare scaling soak shapes \
-	post_training trl_post_training
+	post_training trl_post_training lora
 
 bench: $(VENV)/.stamp-dev $(VENV)/.stamp-bench $(VENV)/.stamp-vllm $(VENV)/.stamp-docs
 	@set -u; failed=""; \

@@ -14,7 +14,9 @@ Reads ``RESULTS/NAME.json`` (default ``benchmarks/results``) and writes, for eac
   step and against training seconds, mean over seeds with its 95% interval as a band);
 - ``post_training.json`` -> ``post_training.png`` (held-out accuracy through SFT, then GRPO, per seed);
 - ``trl_post_training.json`` -> ``trl_post_training.png`` (held-out accuracy against training seconds, rlsdk and
-  TRL, SFT and GRPO).
+  TRL, SFT and GRPO);
+- ``lora.json`` (with its accuracy part) -> ``lora.png`` (held-out accuracy of each LoRA system and of full
+  fine-tuning against GRPO step, mean over seeds).
 
 The PNGs are committed artifacts made by ``make bench`` (which runs this last); the docs build only links them.
 Needs matplotlib (the ``docs`` extra). Usage: ``python benchmarks/plots.py [--results DIR] [--out DIR]``.
@@ -288,6 +290,28 @@ def plot_trl_post_training(data: dict[str, Any], out: Path) -> list[Path]:
     return [_save(fig, out / "trl_post_training.png")]
 
 
+def plot_lora(data: dict[str, Any], out: Path) -> list[Path]:
+    """Held-out greedy accuracy of each LoRA system and of full fine-tuning vs GRPO step: the mean over seeds."""
+    runs = (data.get("accuracy") or {}).get("runs") or {}
+    if not runs:
+        return []
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, seeds in runs.items():
+        steps = [e["step"] for e in seeds[0]["evaluations"]]
+        means = [sum(run["evaluations"][i]["eval/pass@1"] for run in seeds) / len(seeds) for i in range(len(steps))]
+        style = {"color": "black", "linewidth": 2} if name.startswith("full") else {}
+        ax.plot(steps, means, marker="o", markersize=3, label=name, **style)
+    ax.set_xlabel("GRPO step (from the same SFT checkpoint per seed)")
+    ax.set_ylabel("held-out accuracy (greedy pass@1)")
+    ax.set_ylim(0, 1)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    seeds = sorted({run["seed"] for seeds in runs.values() for run in seeds})
+    ax.set_title(f"LoRA and full fine-tuning, mean over seeds {seeds}{_quick_note(data)}", fontsize=10)
+    return [_save(fig, out / "lora.png")]
+
+
 PLOTS: dict[str, Callable[[dict[str, Any], Path], list[Path]]] = {
     "scaling.json": plot_scaling,
     "trl_compare.json": plot_trl_compare,
@@ -296,6 +320,7 @@ PLOTS: dict[str, Callable[[dict[str, Any], Path], list[Path]]] = {
     "algorithms.json": plot_algorithms,
     "post_training.json": plot_post_training,
     "trl_post_training.json": plot_trl_post_training,
+    "lora.json": plot_lora,
 }
 
 

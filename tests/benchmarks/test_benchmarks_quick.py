@@ -133,7 +133,19 @@ def check_soak(data: dict[str, Any]) -> None:
 
 
 def check_lora(data: dict[str, Any]) -> None:
-    (entry,) = data["results"].values()  # --quick: the 0.1M model on the embedded engine
+    assert data["parts"] == ["accuracy", "reverse", "sync"]
+    accuracy = data["accuracy"]  # --quick: 1 seed, full and one LoRA learning rate, 2 GRPO steps each
+    assert list(accuracy["summary"]) == ["full-lr0.0005", "lora-r16-lr0.005"]
+    assert all([e["step"] for e in run["evaluations"]] == [0.0, 2.0] for (run,) in accuracy["runs"].values())
+    full_count, lora_count = (accuracy["systems"][name]["parameters"] for name in accuracy["summary"])
+    assert 0 < lora_count["trained"] < full_count["trained"] == full_count["total"] == lora_count["total"]
+    assert "vs_full" in accuracy["summary"]["lora-r16-lr0.005"]
+    (bounds,) = accuracy["head_probability_bound"].values()
+    assert bounds["random_init"] < 0.9  # the random-init model's head caps every token
+    reverse = data["reverse"]
+    assert len(reverse["systems"]) == 3 and all(len(runs[0]["rewards"]) == 3 for runs in reverse["runs"].values())
+    assert all(bound < 0.9 for bound in reverse["head_probability_bound"].values())
+    (entry,) = data["sync"]["results"].values()  # --quick: the 0.1M model on the embedded engine
     full, lora = entry["full"], entry["lora"]
     assert 0 < lora["sync_bytes"] < full["sync_bytes"]  # the sync moves only the adapter
     assert 0 < lora["trained_parameters"] < full["trained_parameters"] == full["parameters"]
@@ -190,7 +202,7 @@ CASES: dict[str, tuple[Callable[[dict[str, Any]], None], list[Any], Callable[[],
     "trl_compare": (check_trl_compare, DISTRIBUTED, trl_missing),  # 151 s: 4 subprocesses, two 2-rank Sessions
     "scaling": (check_scaling, DISTRIBUTED, None),  # 49 s: 3 Session starts (1 rank may not start: recorded)
     "soak": (check_soak, DISTRIBUTED, None),  # 32 s: a 2-rank Session for 30 steps
-    "lora": (check_lora, DISTRIBUTED, peft_missing),  # 90 s: 2 Sessions (full, LoRA) x 4 steps
+    "lora": (check_lora, DISTRIBUTED, peft_missing),  # 200 s: an SFT Session and 2 GRPO, 3 toy, 2 sync Sessions
     "live_check_soak": (check_live_check_soak, DISTRIBUTED, None),  # 290 s loaded (vLLM's start 190 s): 4 Sessions
     "shapes": (check_shapes, DISTRIBUTED, None),  # S0 Sessions (DDP, FSDP2), then TRL and rlsdk at S0
     "root_cause_soak": (check_root_cause_soak, DISTRIBUTED, None),  # 6 x 4 gloo ranks, one run each

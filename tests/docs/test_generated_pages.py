@@ -390,3 +390,44 @@ def test_post_training_results_fill_the_marker_with_tables_intervals_and_signifi
     assert "(paired t-test over seeds, p < 0.05): rloo." in text
     assert "No results yet: `benchmarks/results/trl_post_training.json`" in text  # that file is absent here
     assert hooks.POST_TRAINING_MARKER not in page and "## The recipe from scratch" in page
+
+
+def test_lora_results_fill_the_marker_with_accuracy_toy_and_sync_tables(hooks: ModuleType, tmp_path: Path) -> None:
+    env = {"environment": {"python": "3.11", "cpu": "cpu", "cpu_count": 2, "versions": {"torch": "2"}}}
+    point = {"mean": 0.95, "ci95": 0.02, "n": 3}
+    test = {"difference": {"mean": 0.04, "ci95": 0.01, "n": 3}, "p_value": 0.01, "significant": True}
+    row = {"start": point, "final": point, "plateau": point, "best": point, "reward": point}
+    accuracy = {
+        "steps": 150, "eval_every": 10, "plateau_evaluations": 5,
+        "systems": {"full-lr0.0005": {"lr": 5e-4, "lora_rank": 0, "parameters": {"trained": 200, "total": 200}},
+                    "lora-r1-lr0.0015": {"lr": 1.5e-3, "lora_rank": 1, "parameters": {"trained": 4, "total": 200}}},
+        "summary": {"full-lr0.0005": {**row, "steps_to_0.9": [10, 20, None]},
+                    "lora-r1-lr0.0015": {**row, "steps_to_0.9": [20, 20, 30], "vs_full": {"plateau": test}}},
+        "head_probability_bound": {"seed0": {"random_init": 0.05, "after_sft": 0.9999}},
+        "runs": {"full-lr0.0005": [{"seed": 0}], "lora-r1-lr0.0015": [{"seed": 0}]},
+    }  # fmt: skip
+    toy = {"final_moving_reward": [0.91], "best_moving_reward": [0.93], "steps_to_0.9": [250]}
+    reverse = {"steps": 400, "systems": {"full": {"lr": 1e-3}}, "summary": {"full": toy},
+               "head_probability_bound": {"seed0": 0.308}}  # fmt: skip
+    ratios = {"sync_bytes": 0.1, "sync_s": 0.5, "rank_update_s": 0.9, "step_s": 0.95}
+    sync = {"repeats": 3, "steps": 30, "results": {"0.1M/embedded": {
+        "full": {"trained_parameters": 1000}, "lora": {"trained_parameters": 100},
+        "ratios_lora_over_full": ratios}}}  # fmt: skip
+    data = {**env, "quick": False, "command": "benchmarks/lora.py", "accuracy": accuracy, "reverse": reverse,
+            "sync": sync}  # fmt: skip
+    (tmp_path / "lora.json").write_text(json.dumps(data))
+
+    text = hooks.lora_results(tmp_path / "lora.json", "../img/benchmarks")
+    missing = hooks.lora_results(tmp_path / "absent.json", "../img/benchmarks")
+    page = hooks.on_page_markdown(f"# Page\n\n{hooks.LORA_MARKER}\n", None, None, None)
+
+    assert (
+        "| lora-r1-lr0.0015 | 0.0015 | 4 (2.0%) | 95.0% ± 2.0 | 95.0% ± 2.0 | 95.0% ± 2.0 | 95.0% ± 2.0 | 0.950 | "
+        "20, 20, 30 | +4.0 points ± 1.0 |" in text
+    )
+    assert "| full-lr0.0005 | 0.0005 | 200 (100.0%) |" in text and "10, 20, never |" in text
+    assert "seed0: 0.050 at random init, 1.000 after SFT" in text
+    assert "| full | 0.001 | 0.910 | 0.930 | 250 |" in text and "seed0 0.308" in text
+    assert "| 0.1M/embedded | 1,000 | 100 | 0.1000 | 0.50 | 0.90 | 0.95 |" in text
+    assert "No results yet: `benchmarks/results/absent.json`" in missing
+    assert hooks.LORA_MARKER not in page and "### LoRA on the post-training recipe" in page
