@@ -29,7 +29,7 @@ def _reference_sample(
     model: torch.nn.Module, prompt_ids: list[list[int]], max_new_tokens: int, eos: set[int], seed: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The plain loop: every row stays in the batch to the end (one forward over the whole sequence per step, no
-    cache), drawing with torch.multinomial: what compaction must reproduce."""
+    cache), drawing for every row with the sampler's draw: what compaction must reproduce."""
     generator = torch.Generator().manual_seed(seed)
     ids_B_P, mask_B_P = left_pad(prompt_ids, pad_token_id=0)
     batch = len(prompt_ids)
@@ -43,7 +43,7 @@ def _reference_sample(
             logits_B_V = model(
                 input_ids=ids_B_T, attention_mask=mask_B_T, position_ids=(mask_B_T.cumsum(1) - 1).clamp(min=0)
             ).logits[:, -1]
-            token_B = torch.multinomial(logits_B_V.softmax(-1), 1, generator=generator).squeeze(1)
+            token_B = _draw(logits_B_V.softmax(-1), None, batch, generator)
             tokens_B_C[:, step] = torch.where(done_B, 0, token_B)
             done_B |= torch.isin(token_B, torch.tensor(sorted(eos)))
             columns = step + 1
@@ -52,14 +52,31 @@ def _reference_sample(
     return tokens_B_C[:, :columns], done_B
 
 
-def test_draw_after_compaction_takes_multinomial_tokens_of_the_remaining_rows() -> None:
+def test_draw_after_compaction_takes_the_whole_batchs_tokens_of_the_remaining_rows() -> None:
     probs_B_V = torch.softmax(torch.randn(32, 500, generator=torch.Generator().manual_seed(0)), dim=-1)
     rows_A = torch.tensor([1, 4, 5, 30])
     full, compact = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
 
     for _ in range(5):
-        expected = torch.multinomial(probs_B_V, 1, generator=full).squeeze(1)[rows_A]
+        expected = _draw(probs_B_V, None, 32, full)[rows_A]
         assert torch.equal(_draw(probs_B_V[rows_A], rows_A, 32, compact), expected)
+
+
+def test_draw_frequencies_match_the_probabilities_and_never_take_a_zero_weight() -> None:
+    # unnormalised weights with zeros (what top-k/top-p filtering leaves): 200,000 draws of 4 rows
+    weights_A_V = torch.tensor([[0.0, 1.0, 3.0, 0.0, 6.0], [5.0, 0.0, 0.0, 0.0, 5.0], [0.0, 0.0, 0.0, 0.0, 2.0],
+                                [1.0, 1.0, 1.0, 1.0, 1.0]])  # fmt: skip
+    generator = torch.Generator().manual_seed(0)
+    draws = 50_000
+
+    counts_A_V = torch.zeros_like(weights_A_V)
+    for _ in range(draws // 1000):
+        tokens_N_A = torch.stack([_draw(weights_A_V, None, 4, generator) for _ in range(1000)])
+        counts_A_V += torch.nn.functional.one_hot(tokens_N_A, 5).sum(dim=0)
+
+    expected_A_V = weights_A_V / weights_A_V.sum(dim=1, keepdim=True)
+    assert torch.all(counts_A_V[weights_A_V == 0] == 0)
+    torch.testing.assert_close(counts_A_V / draws, expected_A_V, rtol=0.0, atol=0.01)
 
 
 def test_long_generation_finished_rows_leave_the_batch_and_tokens_equal_the_plain_loop(
