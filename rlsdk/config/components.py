@@ -453,6 +453,13 @@ class InferenceConfig:
     Embedded and vLLM engines (vLLM's --dtype); a colocated engine samples with the ranks' own weights.
     Log-probabilities are float32 either way, and the per-update agreement metrics compare them with the trainer's as
     they are (a bf16 engine's rounding shows there; see docs/howto/real-shapes.md)."""
+    decode_step: Literal["eager", "compile"] = "eager"
+    """How the engines that generate in-process run a decode step ('embedded', and 'colocated' on every rank):
+    'eager' (default) calls the model's forward op by op; 'compile' calls ``torch.compile`` of that forward (made
+    once per served model, its batch dimension dynamic). The first generation pays the compilation (tens of seconds
+    on a CPU; it needs a C++ compiler), later ones run fused kernels: worth it for long rollouts, not for a short
+    run. Same tokens and logprobs to float rounding. A vLLM server ignores it (its own flags decide). The measured
+    trade-off is on the benchmarks page (docs/benchmarks.md)."""
     embedded: EmbeddedConfig = dataclasses.field(default_factory=EmbeddedConfig)
     """Options of engine 'embedded'."""
     vllm: VLLMConfig = dataclasses.field(default_factory=VLLMConfig)

@@ -57,6 +57,7 @@ BAD_VALUES = [
     (LaunchConfig, {"trace_poll_s": -1.0}, "trace_poll_s", -1.0),
     (LaunchConfig, {"trace_poll_s": float("inf")}, "trace_poll_s", float("inf")),
     (InferenceConfig, {"engine": "sglang"}, "engine", "sglang"),
+    (InferenceConfig, {"decode_step": "jit"}, "decode_step", "jit"),
     (EmbeddedConfig, {"num_threads": 0}, "num_threads", 0),
     (VLLMConfig, {"kv_cache_gib": 0}, "kv_cache_gib", 0),
     (VLLMConfig, {"weight_transfer": "nccl"}, "weight_transfer", "nccl"),

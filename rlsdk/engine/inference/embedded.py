@@ -21,7 +21,7 @@ import torch
 
 from rlsdk.engine.inference.protocol import EngineContext, EngineLifecycle, GenerateResult, SamplingParams, WeightInfo
 from rlsdk.engine.weights import state_dict_checksum
-from rlsdk.generation.sampling import sample_completions
+from rlsdk.generation.sampling import DecodeStep, sample_completions
 from rlsdk.generation.stopping import SpecialTokens, StopCriteria, resolve_special_tokens, token_id_list
 
 logger = logging.getLogger(__name__)
@@ -91,18 +91,23 @@ class EmbeddedEngine(EngineLifecycle):
         version: int = 0,
         num_threads: int | None = None,
         tokenizer: Any = None,
+        decode_step: DecodeStep = "eager",
     ) -> None:
         """Serve ``model`` (put in eval mode) as ``version``. ``eos_token_id``: the id, or every id, that ends a
         completion. ``tokenizer``: decodes completions to match ``SamplingParams.stop`` strings (a request with
-        stop strings and no tokenizer raises ValueError).
+        stop strings and no tokenizer raises ValueError). ``decode_step``: 'eager' or 'compile'
+        (``inference.decode_step``; see :func:`~rlsdk.generation.sampling.decode_forward`).
 
         Raises:
-            ValueError: ``max_batch_size < 1`` or ``num_threads < 1``.
+            ValueError: ``max_batch_size < 1``, ``num_threads < 1`` or an unknown ``decode_step``.
         """
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size!r} is invalid: allowed >= 1")
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads={num_threads!r} is invalid: allowed >= 1 or None")
+        if decode_step not in ("eager", "compile"):
+            raise ValueError(f"decode_step={decode_step!r} is invalid: allowed 'eager' or 'compile'")
+        self._decode_step: DecodeStep = decode_step
         self._model = model.eval()
         self._pad_token_id = int(pad_token_id)
         self._eos_token_ids = tuple(token_id_list(eos_token_id))
@@ -149,6 +154,7 @@ class EmbeddedEngine(EngineLifecycle):
         version: int = 0,
         special_tokens: SpecialTokens | None = None,
         tokenizer: Any = None,
+        decode_step: DecodeStep = "eager",
     ) -> EmbeddedEngine:
         """Load a causal LM saved with ``save_pretrained`` at ``path`` (CPU, eval mode).
 
@@ -179,6 +185,7 @@ class EmbeddedEngine(EngineLifecycle):
             version=version,
             num_threads=num_threads,
             tokenizer=tokenizer,
+            decode_step=decode_step,
         )
         engine._tokenizer_path = path
         return engine
@@ -196,6 +203,7 @@ class EmbeddedEngine(EngineLifecycle):
             num_threads=inference.embedded.num_threads or context.num_threads,  # None: the Session's default
             max_batch_size=inference.max_batch_size,
             special_tokens=context.special_tokens,
+            decode_step=inference.decode_step,
         )
         # Loaded from model.path in the trainer's dtype, full weights: its checksum is comparable with the
         # trainer's v0 as it is, so the start needs no sync (see verify_initial).
@@ -303,6 +311,7 @@ class EmbeddedEngine(EngineLifecycle):
                 generator=generator,
                 before_step=before_step,
                 stop_criteria=stop_criteria,
+                decode_step=self._decode_step,
             )
             versions_B_C = torch.full_like(ids_B_C, -1)
             for column, version in switches:

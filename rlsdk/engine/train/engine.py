@@ -888,6 +888,7 @@ class TrainEngine:
                         eos_token_id=eos_token_id,
                         generator=generator,
                         stop_criteria=stop_criteria,
+                        decode_step=self.config.inference.decode_step,
                     )
                 )
         finally:
