@@ -158,10 +158,12 @@ class Run:
     logits: str = "chunked"  # materialised: train.logits_chunk_mib=None (today's token_logprobs path)
     warmup: int = 1
     steps: int = 2
+    decode: str = "eager"  # inference.decode_step of the in-process engines: 'eager' or 'compile'
 
     @property
     def name(self) -> str:
         extra = "" if self.logits == "chunked" else f"-{self.logits}"
+        extra += "" if self.decode == "eager" else f"-{self.decode}"
         return f"{self.shape}-{self.parallelism}-{self.engine}-{self.precision}{extra}"
 
 
@@ -173,9 +175,11 @@ def default_runs(shapes: list[str], engines: list[str], quick: bool) -> list[Run
     for shape in shapes:
         steps = {"S0": (2, 8), "S1": (1, 3), "S2": (1, 2)}[shape]
         for engine in engines:
-            for parallelism in ("ddp", "fsdp2"):
+            for parallelism in ("ddp",) if engine == "colocated" else ("ddp", "fsdp2"):
                 runs.append(Run(shape, parallelism, engine, "bf16", warmup=steps[0], steps=steps[1]))
         runs.append(Run(shape, "fsdp2", "embedded", "fp32", warmup=steps[0], steps=steps[1]))
+        if shape != "S0":  # the compiled decode step beside the eager one (S0's rollouts are too short to pay it back)
+            runs.append(Run(shape, "fsdp2", "embedded", "bf16", warmup=steps[0], steps=steps[1], decode="compile"))
         if shape == "S2":
             runs.append(Run(shape, "fsdp2", "embedded", "bf16", "materialised", warmup=0, steps=1))
     return runs
@@ -271,6 +275,56 @@ def update_flops(shape: Shape, prompt_tokens: int, completion_tokens: int, seque
     pairs = sum((p + c) * (p + c + 1) // 2 for p, c in sequences)
     attention = 4 * shape.hidden * shape.layers * pairs
     return 3.0 * (body + head + attention)
+
+
+def served_dtype_bytes(run: Run) -> int:
+    """Bytes per parameter of the weights the engine generates with: ``inference.dtype`` of the run's config; a
+    colocated engine generates with the ranks' own float32 parameters."""
+    return 2 if run.precision == "bf16" and run.shape != "S0" and run.engine != "colocated" else 4
+
+
+def decode_roofline(
+    shape: Shape, run: Run, steps: list[dict[str, Any]], seconds_rollout: float, rates: dict[str, Any]
+) -> dict[str, float]:
+    """The rollout's bound on this machine, from this run's own GEMM and memcpy rates, and the fraction reached.
+
+    A decode step can go no faster than the larger of reading the served weights and the key/value cache once
+    (bytes / the memcpy rate) and its matrix products (FLOPs / 2 x the one-thread GEMM rate in the served dtype: two
+    cores); the prefill (each distinct prompt once) is bounded by its FLOPs alone. Per step of the run: ``decode
+    steps`` = its longest completion (the batch runs that many decode steps), the rows per step = its completion
+    tokens over them. The achieved time per decode step is the rollout's seconds over its decode steps, prefill
+    included (a rollout is what the user waits for); ``fraction`` = the whole bound over the rollout's seconds.
+    """
+    width = served_dtype_bytes(run)
+    precision = "bf16" if width == 2 else "fp32"
+    gemm = 2 * rates["gemm_flops_per_s"][run.shape][precision]
+    memcpy = rates["memcpy_bytes_per_s"]
+    kv = shape.kv_heads * shape.head_dim
+    layer_matmul = 2 * shape.hidden * shape.hidden + 2 * shape.hidden * kv + 3 * shape.hidden * shape.intermediate
+    token_matmul = shape.layers * layer_matmul + shape.hidden * shape.vocab  # body and LM head, per new token
+    kv_bytes_per_position = 2 * shape.layers * kv * width  # keys and values of every layer
+    decode_steps = statistics.median(max(c for _, c in s["sequences"]) for s in steps)
+    rows = statistics.median(s["completion_tokens"] for s in steps) / max(decode_steps, 1)
+    prompt = statistics.median(statistics.mean(p for p, _ in s["sequences"]) for s in steps)
+    context = prompt + decode_steps / 2  # the mean key/value length a step attends over
+    step_flops = rows * (2 * token_matmul + 4 * shape.hidden * shape.layers * context)
+    step_bytes = shape.parameters() * width + rows * context * kv_bytes_per_position
+    step_bound = max(step_flops / gemm, step_bytes / memcpy)
+    prefill_tokens = statistics.median(s["distinct_prompt_tokens"] for s in steps)
+    prefill_flops = 2 * token_matmul * prefill_tokens + 2 * shape.hidden * shape.layers * prefill_tokens * prompt
+    prefill_bound = prefill_flops / gemm
+    return {
+        "decode_steps": decode_steps,
+        "rows_per_step": rows,
+        "step_flops": step_flops,
+        "step_bytes": step_bytes,
+        "step_bound_s": step_bound,
+        "step_bound_kind": "memory" if step_bytes / memcpy >= step_flops / gemm else "compute",
+        "prefill_bound_s": prefill_bound,
+        "achieved_step_s": seconds_rollout / max(decode_steps, 1),
+        "bound_s": decode_steps * step_bound + prefill_bound,
+        "fraction": (decode_steps * step_bound + prefill_bound) / seconds_rollout,
+    }
 
 
 def activation_bytes_per_token_layer(shape: Shape, parallelism: str, precision: str) -> int:
@@ -454,6 +508,7 @@ def session_config(run: Run, shape: Shape, model_dir: Path, prompts: Path | None
         inference=InferenceConfig(
             engine=run.engine,
             dtype="bfloat16" if run.precision == "bf16" and shape.name != "S0" else None,
+            decode_step=run.decode,  # type: ignore[arg-type]
             embedded=EmbeddedConfig(num_threads=2),
             vllm=VLLMConfig(
                 max_model_len=max(longest, 64) if run.engine == "vllm" else None,
@@ -594,6 +649,9 @@ def summarize_run(run: Run, data: dict[str, Any], rates: dict[str, Any], memory:
         "train_tokens_per_s": train_tokens / seconds["update"],
         "update_model_flops": flops,
         "update_mfu": flops / seconds["update"] / (2 * gemm),
+        # the update's bound: its forward+backward FLOPs at 2 x the one-thread GEMM rate (its fraction: the MFU)
+        "update_bound_s": flops / (2 * gemm),
+        "rollout_roofline": decode_roofline(shape, run, timed, seconds["rollout"], rates),
         "sync_bytes": sync_bytes,
         "sync_bytes_per_s": sync_bytes / seconds["sync"],
         "sync_over_memcpy": sync_bytes / seconds["sync"] / rates["memcpy_bytes_per_s"],
@@ -620,6 +678,16 @@ def measure_rates(shapes: list[str]) -> dict[str, Any]:
               f"({bf16 / fp32:.2f}x)", flush=True)  # fmt: skip
     rates["memcpy_bytes_per_s"] = memcpy_rate()
     print(f"memcpy, 1 thread: {rates['memcpy_bytes_per_s'] / 1e9:.2f} GB/s", flush=True)
+    # the decode step's own products: the batch's rows through the shape's MLP matmul (what the roofline's GEMM
+    # rate, measured at 1,024 rows, promises them)
+    rates["gemm_decode_flops_per_s"] = {}
+    for name in shapes:
+        shape = SHAPES[name]
+        rows = shape.prompts * shape.samples
+        rates["gemm_decode_flops_per_s"][name] = {
+            dtype: gemm_rate(dtype, rows, shape.hidden, shape.intermediate, threads=2, seconds=1.0)
+            for dtype in ("fp32", "bf16")
+        }
     return rates
 
 
@@ -668,6 +736,12 @@ def run_ladder(runs: list[Run], models: Path, root: Path, rates: dict[str, Any],
             results[run.name] = {"run": dataclasses.asdict(run), **data, "derived_rank_memory": memory}
             continue
         row = summarize_run(run, data, rates, memory)
+        roof = row["rollout_roofline"]
+        print(
+            f"{run.name}: rollout {roof['achieved_step_s'] * 1e3:.1f} ms per decode step, bound "
+            f"{roof['step_bound_s'] * 1e3:.1f} ms ({roof['step_bound_kind']}), {roof['fraction']:.0%} of the roofline",
+            flush=True,
+        )
         print(
             f"{run.name}: update {row['seconds']['update']:.1f} s (MFU {row['update_mfu'] * 100:.1f}%), rollout "
             f"{row['seconds']['rollout']:.1f} s ({row['generation_tokens_per_s']:.0f} tok/s), sync "
@@ -687,7 +761,9 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
             continue
         run = row["run"]
         if run["engine"] == "embedded" and run["logits"] == "chunked":
-            other = results.get(name.replace("-embedded-", "-vllm-"), {})
+            other = results.get(name.replace("-embedded-", "-vllm-").removesuffix("-compile"), {})
+            if "generation_tokens_per_s" not in other and run["parallelism"] == "fsdp2":
+                other = results.get(name.replace("-embedded-", "-vllm-").replace("-fsdp2-", "-ddp-"), {})
             if "generation_tokens_per_s" in other:
                 out[f"{name}:embedded_over_vllm_generation"] = (
                     row["generation_tokens_per_s"] / other["generation_tokens_per_s"]
@@ -784,16 +860,31 @@ def worker_trl(args: argparse.Namespace) -> None:
     Path(args.result).write_text(json.dumps({"step_s": times, "completion_mean_length": lengths}))
 
 
-def compare_trl(shape_name: str, models: Path, root: Path, engines: list[str], quick: bool) -> dict[str, Any]:
+def compare_trl(
+    shape_name: str,
+    models: Path,
+    root: Path,
+    engines: list[str],
+    quick: bool,
+    decode: str = "eager",
+    schedule: tuple[int, int, int] | None = None,
+    summarize: Any = None,
+) -> dict[str, Any]:
     """TRL and rlsdk (2 ranks, DDP or the shape's ``trl_rlsdk_parallelism``, each of ``engines``) on the same shape,
     interleaved per repetition (TRL, rlsdk embedded, rlsdk vLLM, TRL, ...), each in a fresh subprocess; per-step
     seconds after the warm-up. S2's steps are minutes long: fewer of them."""
     warmup, steps, reps = (0, 2, 1) if quick else (1, 2, 1) if shape_name == "S2" else (1, 4, 2)
+    if schedule is not None:  # --trl-schedule: (warm-up steps, timed steps, repetitions)
+        warmup, steps, reps = schedule
     precision = "bf16"
     parallelism = SHAPES[shape_name].trl_rlsdk_parallelism
     micro = SHAPES[shape_name].trl_micro_batch_size
     batching = f"micro-batches of {micro} sequences" if micro else "the whole batch in one micro-batch"
-    rlsdk_runs = [Run(shape_name, parallelism, engine, precision, warmup=warmup, steps=steps) for engine in engines]
+    rlsdk_runs = [
+        Run(shape_name, "ddp" if engine == "colocated" else parallelism, engine, precision, warmup=warmup, steps=steps,
+            decode=decode if engine != "vllm" else "eager")
+        for engine in engines
+    ]  # fmt: skip
     trl_run = dataclasses.replace(rlsdk_runs[0], engine="trl")
     step_s: dict[str, list[float]] = {"trl": [], **{run.engine: [] for run in rlsdk_runs}}
     # mean completion tokens per sequence in the timed steps: both sides must generate (and train on) as many
@@ -816,6 +907,8 @@ def compare_trl(shape_name: str, models: Path, root: Path, engines: list[str], q
             data = run_worker(run, models, root)
             if "error" in data:
                 return {"error": f"rlsdk run {run.name} failed", **data}
+            if summarize is not None and rep == 0:  # the ladder's figures of this run too (roofline, MFU, memory)
+                summarize(run, data)
             step_s[run.engine] += [sum(s["seconds"].values()) for s in data["steps"] if s["timed"]]
             sequences = SHAPES[shape_name].prompts * SHAPES[shape_name].samples
             lengths[run.engine] += [s["completion_tokens"] / sequences for s in data["steps"] if s["timed"]]
@@ -852,9 +945,23 @@ def main() -> None:
     parser.add_argument(
         "--engines",
         nargs="+",
-        choices=["embedded", "vllm"],
+        choices=["embedded", "vllm", "colocated"],
         default=None,
         help="default: embedded and vllm (embedded only with --quick or without vllm installed)",
+    )
+    parser.add_argument(
+        "--trl-schedule",
+        nargs=3,
+        type=int,
+        default=None,
+        metavar=("WARMUP", "STEPS", "REPS"),
+        help="the TRL comparison's untimed steps, timed steps and interleaved repetitions (default: per shape)",
+    )
+    parser.add_argument(
+        "--decode",
+        choices=["eager", "compile"],
+        default="eager",
+        help="inference.decode_step of the in-process engines in the TRL comparison (the ladder runs both at S1/S2)",
     )
     parser.add_argument(
         "--trl",
@@ -915,9 +1022,16 @@ def main() -> None:
             ]
         results = run_ladder(runs, models, root, rates, baseline)
         trl_by_shape: dict[str, Any] = {}
+
+        def summarize(run: Run, data: dict[str, Any]) -> None:
+            results.setdefault(run.name, summarize_run(run, data, rates, derived_memory(run, baseline)))
+
         if args.trl if args.trl is not None else importlib.util.find_spec("trl") is not None:
             for name in trl_shapes(args.trl_shapes, shapes, args.quick):
-                trl_by_shape[name] = compare_trl(name, models, root, engines, args.quick)
+                trl_by_shape[name] = compare_trl(
+                    name, models, root, engines, args.quick, args.decode,
+                    tuple(args.trl_schedule) if args.trl_schedule else None, summarize,
+                )  # fmt: skip
                 for engine, ratio in (trl_by_shape[name].get("rlsdk_over_trl_step") or {}).items():
                     print(f"rlsdk ({engine}) / TRL per-step time at {name}: {ratio:.2f}", flush=True)
     finally:
