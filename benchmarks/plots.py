@@ -214,6 +214,28 @@ def plot_shapes(data: dict[str, Any], out: Path) -> list[Path]:
     return [_save(fig, out / "shapes.png")]
 
 
+def plot_roofline(data: dict[str, Any], out: Path) -> list[Path]:
+    """Each run's rollout (``rollout_roofline``) and update (its MFU) as a share of this machine's roofline."""
+    plt = _pyplot()
+    runs = {name: row for name, row in (data.get("runs") or {}).items() if row.get("rollout_roofline")}
+    if not runs:
+        return []
+    names = list(runs)
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(names) + 1.8))
+    ax.barh([i - 0.2 for i in range(len(names))], [runs[n]["rollout_roofline"]["fraction"] * 100 for n in names],
+            height=0.4, color="tab:purple", label="rollout (decode and prefill bounds)")  # fmt: skip
+    ax.barh([i + 0.2 for i in range(len(names))], [runs[n]["update_mfu"] * 100 for n in names], height=0.4,
+            color="tab:blue", label="update (forward+backward FLOPs)")  # fmt: skip
+    ax.axvline(50, linestyle="--", color="grey", label="50%")
+    ax.set_xlabel("% of the roofline from this run's measured GEMM and memcpy rates")
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.set_ylim(-0.7, len(names) + 0.9)
+    ax.legend(fontsize=8, loc="upper right")
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.suptitle(f"Rollouts and updates against the roofline{_quick_note(data)}", fontsize=10)
+    return [_save(fig, out / "roofline.png")]
+
+
 def plot_algorithms(data: dict[str, Any], out: Path) -> list[Path]:
     """Held-out greedy accuracy per algorithm vs step and vs training seconds: mean line, 95% interval band."""
     summary = data.get("summary") or {}
@@ -317,6 +339,7 @@ PLOTS: dict[str, Callable[[dict[str, Any], Path], list[Path]]] = {
     "trl_compare.json": plot_trl_compare,
     "async_rollouts.json": plot_async,
     "shapes.json": plot_shapes,
+    "shapes_roofline.json": plot_roofline,
     "algorithms.json": plot_algorithms,
     "post_training.json": plot_post_training,
     "trl_post_training.json": plot_trl_post_training,

@@ -621,6 +621,44 @@ def _runs_table(runs: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _roofline_table(runs: dict[str, Any]) -> list[str]:
+    """One row per run that recorded ``rollout_roofline`` (``benchmarks/shapes.py``'s ``decode_roofline``): the
+    rollout's time per decode step against the bound from the same run's GEMM and memcpy rates, its share of the
+    roofline, its generation rate over the same shape's vLLM run, and the update against its FLOPs' bound."""
+    measured = {name: row for name, row in runs.items() if row.get("rollout_roofline")}
+    if not measured:
+        return []
+    vllm = {
+        row["run"]["shape"]: row["generation_tokens_per_s"]
+        for row in measured.values()
+        if row["run"]["engine"] == "vllm"
+    }
+    lines = [
+        "",
+        "Rollouts and updates against this machine's roofline (per decode step: the larger of reading the served "
+        "weights and key/value cache at the memcpy rate and its matrix products at 2 x the one-thread GEMM rate in "
+        "the served dtype; prefill bounded by its FLOPs; the update by its forward+backward FLOPs). Achieved time per "
+        "decode step is the rollout's seconds over its decode steps, prefill included.",
+        "",
+        "| run | decode steps x rows | ms per decode step | bound (ms) | prefill bound (s) | rollout / roofline "
+        "| gen tok/s | over vLLM | update (s) | update bound (s) | update / roofline |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, row in measured.items():
+        roof = row["rollout_roofline"]
+        other = vllm.get(row["run"]["shape"])
+        versus = (
+            "-" if other is None or row["run"]["engine"] == "vllm" else f"{row['generation_tokens_per_s'] / other:.2f}x"
+        )
+        lines.append(
+            f"| {_cell(name)} | {roof['decode_steps']:.0f} x {roof['rows_per_step']:.0f} | "
+            f"{roof['achieved_step_s'] * 1e3:.1f} | {roof['step_bound_s'] * 1e3:.1f} ({roof['step_bound_kind']}) | "
+            f"{roof['prefill_bound_s']:.3f} | {roof['fraction']:.1%} | {row['generation_tokens_per_s']:.0f} | "
+            f"{versus} | {row['seconds']['update']:.1f} | {row['update_bound_s']:.1f} | {row['update_mfu']:.1%} |"
+        )
+    return lines
+
+
 def _trl_lines(data: dict[str, Any]) -> list[str]:
     """rlsdk over TRL's per-step time, per shape compared, or why a comparison failed."""
     lines: list[str] = []
@@ -679,12 +717,15 @@ def shapes_section(path: Path, *, partial: bool = False) -> str:
     for shape, row in (rates.get("gemm_flops_per_s") or {}).items():
         lines.append(f"| {shape} | {row.get('fp32', 0) / 1e9:.1f} | {row.get('bf16', 0) / 1e9:.1f} |")
     lines += _runs_table(data.get("runs") or {})
+    lines += _roofline_table(data.get("runs") or {})
     lines += _trl_lines(data)
     lines.append("")
     if not partial:
         lines += _plot(
             "shapes.png", "update MFU per run; each rank's peak memory over the derived figure, first updates apart"
         )
+    if path.name == "shapes_roofline.json":
+        lines += _plot("roofline.png", "each run's rollout and update as a share of this machine's roofline")
     return "\n".join(lines)
 
 

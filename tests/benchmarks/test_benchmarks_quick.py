@@ -167,6 +167,8 @@ def check_shapes(data: dict[str, Any]) -> None:
         assert {"controller", "rank0", "rank1"} <= set(row["peak_rss_mib"]["update"])
         assert row["update_mfu"] > 0 and row["sync_over_memcpy"] > 0 and row["generation_tokens_per_s"] > 0
         assert row["derived_rank_memory"]["total"] > 0 and row["rank_update_peak_over_derived"] > 0
+        assert row["rollout_roofline"]["fraction"] > 0 and row["rollout_roofline"]["step_bound_s"] > 0
+        assert row["update_bound_s"] > 0
     if data["trl"] is not None:  # trl installed: the interleaved comparison at S0
         assert data["trl"]["rlsdk_over_trl_step"]["embedded"] > 0
 

@@ -87,3 +87,25 @@ def test_s2_trl_comparison_uses_fsdp2_ranks_and_trl_micro_batches_of_one_group(s
         == s2.samples
         == s2.max_tokens_per_micro_batch // (s2.prompt_tokens + s2.completion_tokens)
     )
+
+
+def test_decode_roofline_takes_the_larger_of_weight_reads_and_products_and_adds_the_prefill(
+    shapes: ModuleType,
+) -> None:
+    shape = shapes.SHAPES["S1"]
+    run = shapes.Run("S1", "ddp", "embedded", "bf16")
+    # 64 rows for 256 decode steps after 64-token prompts; one distinct prompt per group of 8
+    step = {"sequences": [(64, 256)] * 64, "completion_tokens": 64 * 256, "distinct_prompt_tokens": 8 * 64}
+    slow_memory = {"gemm_flops_per_s": {"S1": {"bf16": 1e15, "fp32": 1e15}}, "memcpy_bytes_per_s": 1e9}
+    slow_gemm = {"gemm_flops_per_s": {"S1": {"bf16": 1e9, "fp32": 1e9}}, "memcpy_bytes_per_s": 1e15}
+
+    memory = shapes.decode_roofline(shape, run, [step], 100.0, slow_memory)
+    compute = shapes.decode_roofline(shape, run, [step], 100.0, slow_gemm)
+
+    weights = 2 * shape.parameters()  # served in bfloat16
+    assert memory["step_bound_kind"] == "memory" and compute["step_bound_kind"] == "compute"
+    assert memory["step_bytes"] > weights and memory["step_bound_s"] == memory["step_bytes"] / 1e9
+    assert compute["step_bound_s"] == compute["step_flops"] / 2e9  # two cores' GEMM rate
+    assert compute["step_flops"] > 64 * 2 * (shape.parameters() - shape.hidden)  # every matmul weight, every row
+    assert compute["bound_s"] == 256 * compute["step_bound_s"] + compute["prefill_bound_s"]
+    assert compute["fraction"] == compute["bound_s"] / 100.0 and compute["achieved_step_s"] == 100.0 / 256
