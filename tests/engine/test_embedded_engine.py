@@ -321,6 +321,11 @@ def test_generate_invalid_params_raise_value_error(
         _generate(engine, prompt_ids, params)
 
 
+def test_unknown_decode_step_is_refused_at_construction_naming_the_value(model_dir: Path) -> None:
+    with pytest.raises(ValueError, match="decode_step='jit' is invalid: allowed 'eager' or 'compile'"):
+        EmbeddedEngine.from_pretrained(model_dir, decode_step="jit")  # type: ignore[arg-type]
+
+
 def test_generate_empty_prompt_raises_value_error_naming_index(model_dir: Path) -> None:
     engine = EmbeddedEngine.from_pretrained(model_dir)
 
