@@ -148,9 +148,14 @@ def test_large_vocabulary_long_completions_without_pad_token_end_at_each_eos_id(
     eos = [151_643, 151_645]
     params = SamplingParams(max_new_tokens=200, temperature=1.0)
 
-    ids_B_C, mask_B_C, logprobs_B_C = sample_completions(
-        model, prompts, params, pad_token_id=eos[0], eos_token_id=eos, generator=torch.Generator().manual_seed(0)
-    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a 16-wide model: ops too small to split, and a loaded machine makes a split slow
+    try:
+        ids_B_C, mask_B_C, logprobs_B_C = sample_completions(
+            model, prompts, params, pad_token_id=eos[0], eos_token_id=eos, generator=torch.Generator().manual_seed(0)
+        )
+    finally:
+        torch.set_num_threads(threads)
 
     assert ids_B_C.shape[1] == 200 and int(ids_B_C.max()) < vocab  # a random policy rarely samples an EOS
     # the trainer's logprobs of what was sampled
