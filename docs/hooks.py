@@ -74,6 +74,7 @@ def generate_pages() -> dict[str, str]:
         + soak_section(ROOT / RESULTS / "soak.json")
         + vllm_section(ROOT / RESULTS / "vllm_sync.json")
         + shapes_sections(ROOT / RESULTS)
+        + decode_paths_section(ROOT / RESULTS)
         + tracer_section(ROOT / RESULTS / "tracer_overhead.json")
         + dashboard_section(ROOT / RESULTS / "dashboard_logs.json")
         + "\n## LoRA against full fine-tuning (`howto/lora.md`)\n\n"
@@ -727,6 +728,43 @@ def shapes_section(path: Path, *, partial: bool = False) -> str:
     if path.name == "shapes_roofline.json":
         lines += _plot("roofline.png", "each run's rollout and update as a share of this machine's roofline")
     return "\n".join(lines)
+
+
+def decode_paths_section(results: Path) -> str:
+    """``benchmarks/decode_profile.py --compare``: the sampler alone at a ladder shape, this tree's decode path (eager
+    and compiled) beside an earlier revision's, interleaved, each against the same run's decode roofline."""
+    files = sorted(results.glob("decode_paths_*.json"))
+    if not files:
+        return ""
+    lines = [
+        "",
+        "## Decode paths against the roofline",
+        "",
+        "`python benchmarks/decode_profile.py SHAPE --compare --dtype DTYPE --json "
+        f"{RESULTS}/decode_paths_SHAPE_DTYPE.json`: the embedded engine's sampler without a Session (2 torch threads, "
+        "one batch of prompts x group size), the earlier revision's sampler and this tree's, eager and compiled, "
+        "interleaved; medians. The bound per decode step is the larger of reading the served weights and key/value "
+        "cache at the memcpy rate and the step's products at 2 x the one-thread GEMM rate in the served dtype, both "
+        "measured in the same run; prefill bounded by its FLOPs. `benchmarks/results/decode_profile_s1.json` holds "
+        "the S1 profile (py-spy) before and after.",
+        "",
+        "| shape, dtype | path | s per rollout | tok/s | over the base | ms per decode step | bound (ms) "
+        "| of the roofline | greedy = base |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for path in files:
+        data = json.loads(path.read_text())
+        label = f"{data['shape']} x {data['new_tokens']} tokens, {data['dtype']}"
+        for name, row in data["paths"].items():
+            roof = row["rollout_roofline"]
+            lines.append(
+                f"| {label} | {_cell(name)} | {row['median_s']:.1f} | {row['tokens_per_s']:.0f} | "
+                f"{data['over_base'][name]:.2f}x | {roof['achieved_step_s'] * 1e3:.1f} | "
+                f"{roof['step_bound_s'] * 1e3:.1f} ({roof['step_bound_kind']}) | {roof['fraction']:.1%} | "
+                f"{'yes' if data['greedy_identical_to_base'] else 'no'} |"
+            )
+        lines.append(f"| {label} | compilation (once) | {data['compile_s']:.1f} | | | | | | |")
+    return "\n".join([*lines, ""])
 
 
 def tracer_section(path: Path) -> str:

@@ -431,3 +431,27 @@ def test_lora_results_fill_the_marker_with_accuracy_toy_and_sync_tables(hooks: M
     assert "| 0.1M/embedded | 1,000 | 100 | 0.1000 | 0.50 | 0.90 | 0.95 |" in text
     assert "No results yet: `benchmarks/results/absent.json`" in missing
     assert hooks.LORA_MARKER not in page and "### LoRA on the post-training recipe" in page
+
+
+def test_decode_paths_section_shows_each_path_against_the_roofline_and_the_base(
+    hooks: ModuleType, tmp_path: Path
+) -> None:
+    roof = {"achieved_step_s": 0.05, "step_bound_s": 0.02, "step_bound_kind": "memory", "fraction": 0.4}
+    _write(tmp_path, "decode_paths_s1_bf16.json", {
+        "shape": "S1", "new_tokens": 256, "dtype": "bfloat16", "compile_s": 42.0, "greedy_identical_to_base": True,
+        "paths": {
+            "base c336039": {"median_s": 20.0, "tokens_per_s": 800.0, "rollout_roofline": {**roof, "fraction": 0.2}},
+            "this tree, eager": {"median_s": 10.0, "tokens_per_s": 1600.0, "rollout_roofline": roof},
+        },
+        "over_base": {"base c336039": 1.0, "this tree, eager": 0.5},
+    })  # fmt: skip
+
+    section = hooks.decode_paths_section(tmp_path)
+
+    assert "## Decode paths against the roofline" in section
+    assert (
+        "| S1 x 256 tokens, bfloat16 | this tree, eager | 10.0 | 1600 | 0.50x | 50.0 | 20.0 (memory) | 40.0% | yes |"
+        in section
+    )
+    assert "| compilation (once) | 42.0 |" in section
+    assert hooks.decode_paths_section(tmp_path / "none") == ""
