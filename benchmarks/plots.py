@@ -236,6 +236,27 @@ def plot_roofline(data: dict[str, Any], out: Path) -> list[Path]:
     return [_save(fig, out / "roofline.png")]
 
 
+def plot_decode_paths(files: list[dict[str, Any]], out: Path) -> list[Path]:
+    """Each ``decode_profile.py --compare`` file's paths (base, this tree eager and compiled) as a share of the
+    decode roofline of the same run."""
+    if not files:
+        return []
+    plt = _pyplot()
+    labels, shares = [], []
+    for data in files:
+        for name, row in data["paths"].items():
+            labels.append(f"{data['shape']} {data['dtype']}: {name}")
+            shares.append(row["rollout_roofline"]["fraction"] * 100)
+    fig, ax = plt.subplots(figsize=(8, 0.4 * len(labels) + 1.5))
+    ax.barh(range(len(labels)), shares, color="tab:purple")
+    ax.axvline(50, linestyle="--", color="grey")
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.set_xlabel("% of the decode roofline (same run's GEMM and memcpy rates)")
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.suptitle("The sampler alone: decode paths against the roofline", fontsize=10)
+    return [_save(fig, out / "decode_paths.png")]
+
+
 def plot_algorithms(data: dict[str, Any], out: Path) -> list[Path]:
     """Held-out greedy accuracy per algorithm vs step and vs training seconds: mean line, 95% interval band."""
     summary = data.get("summary") or {}
@@ -356,6 +377,7 @@ def make_plots(results: Path, out: Path) -> list[Path]:
             written += plot(json.loads(path.read_text()), out)
         else:
             print(f"skipped {name}: not in {results}")
+    written += plot_decode_paths([json.loads(p.read_text()) for p in sorted(results.glob("decode_paths_*.json"))], out)
     return written
 
 

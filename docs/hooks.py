@@ -764,6 +764,7 @@ def decode_paths_section(results: Path) -> str:
                 f"{'yes' if data['greedy_identical_to_base'] else 'no'} |"
             )
         lines.append(f"| {label} | compilation (once) | {data['compile_s']:.1f} | | | | | | |")
+    lines += ["", *_plot("decode_paths.png", "each decode path's share of the decode roofline")]
     return "\n".join([*lines, ""])
 
 
