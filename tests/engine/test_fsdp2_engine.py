@@ -22,12 +22,13 @@ RTOL, ATOL = 1e-4, 1e-5
 # order, amplified by AdamW (its first steps are ~lr x sign(grad), so near-zero gradient entries turn noise into
 # lr-sized steps). FSDP2 runs the shared-prompt path (two forwards per micro-batch) in every step, also where no
 # prompt repeats (step 2; uniform_calls: its ranks must make the same model calls), DDP one forward there, and
-# FSDP2 reduce-scatters every micro-batch where DDP all-reduces once: measured |DDP - FSDP2| <= 2.3e-5 (<= 6.2e-6
-# when both took the same forward path). The key bias's gradient is
-# analytically zero (it shifts every attention score of a query equally; softmax is shift-invariant): its whole
-# movement is such noise, measured 9.7e-6. The gradients themselves match the single-process reference to 1e-6
-# (tests/engine/test_ddp_gradients.py, tests/engine/test_micro_batches.py).
-WEIGHT_ATOL = 5e-5
+# FSDP2 reduce-scatters every micro-batch where DDP all-reduces once. How large that noise gets depends on the
+# CPU's kernels (AVX2, AVX-512, AMX round differently); the bound stays two orders below one lr-sized step, which
+# any real difference in the gradient makes. The key bias's gradient is analytically zero (it shifts every
+# attention score of a query equally; softmax is shift-invariant): its whole movement is such noise. The
+# gradients themselves match the single-process reference to 1e-6 (tests/engine/test_ddp_gradients.py,
+# tests/engine/test_micro_batches.py).
+WEIGHT_ATOL = 1e-4
 NOISE_ONLY_ATOL = {"self_attn.k_proj.bias": 1e-4}
 
 
