@@ -136,3 +136,25 @@ def test_prepare_update_with_stale_policy_raise_raises_naming_the_stale_versions
 def test_prepare_update_with_every_row_stale_raises_version_error(tiny_model_dir: Path) -> None:
     with pytest.raises(VersionError, match="no sample left to train on: 8 stale samples dropped"):
         prepare_update(_rollout([0] * 8), _config(tiny_model_dir), TRAINER_VERSION)
+
+
+def test_sft_bodies_give_each_rank_its_rows_the_whole_batch_token_count_and_the_step_lr() -> None:
+    from rlsdk.train_batches import sft_bodies
+
+    mask_B_C = torch.arange(3)[None, :] < torch.tensor([1, 3, 2, 2])[:, None]
+    tensors = {
+        "prompt_ids_B_P": torch.arange(8).reshape(4, 2),
+        "prompt_mask_B_P": torch.ones(4, 2, dtype=torch.bool),
+        "completion_ids_B_C": torch.arange(12).reshape(4, 3),
+        "completion_mask_B_C": mask_B_C,
+    }
+
+    bodies = sft_bodies(tensors, 0.5, 2, lambda world, next_request: [{"rank": r} for r in range(world)])
+    default = sft_bodies(tensors, None, 2, lambda world, next_request: [{} for _ in range(world)])
+
+    assert [(b["rank"], b["lr"], b["num_tokens"]) for b in bodies] == [(0, 0.5, 8), (1, 0.5, 8)]
+    assert [b["lr"] for b in default] == [None, None]
+    for rank, body in enumerate(bodies):
+        torch.testing.assert_close(
+            body["shard"]["completion_ids_B_C"], tensors["completion_ids_B_C"][2 * rank : 2 * rank + 2], rtol=0, atol=0
+        )

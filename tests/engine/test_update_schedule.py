@@ -282,3 +282,122 @@ def test_one_step_tis_update_on_policy_gets_the_plain_policy_gradient(tiny_model
 
     assert float(grads["none"].norm()) > 1e-3
     torch.testing.assert_close(grads["tis"], grads["none"], rtol=1e-4, atol=1e-6)
+
+
+def _step_lrs(engine: Any) -> list[float]:
+    """Registers an optimizer step pre-hook; the returned list receives the learning rate each step uses."""
+    lrs: list[float] = []
+    inner = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    inner.register_step_pre_hook(lambda optimizer, args, kwargs: lrs.append(float(optimizer.param_groups[0]["lr"])))
+    return lrs
+
+
+def test_update_zeroes_the_gradients_between_its_optimizer_steps(tiny_model_dir: Path) -> None:
+    # lr 1e-12: the weights barely move, so both epochs' gradients of the one mini-batch are the same, unless the
+    # first step's gradient is still on the parameters when the second accumulates.
+    engine = _engine(tiny_model_dir, ppo_epochs=2, lr=1e-12, max_grad_norm=None)
+    batch = _batch(tiny_model_dir, 6)
+    at_step = _step_norms(engine)
+
+    engine.update(batch, int(batch["completion_mask_B_C"].sum()))
+
+    assert len(at_step) == 2 and at_step[0] > 1e-3
+    assert at_step[1] == pytest.approx(at_step[0], rel=1e-4, abs=0.0)
+
+
+def test_update_of_several_steps_reports_agreement_from_the_proximal_pass_on_the_starting_weights(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = _engine(tiny_model_dir, AlgorithmConfig(off_policy="tis"), ppo_epochs=2, mini_batch_size=4)
+    batch = _batch(tiny_model_dir, 8)
+    mask_B_C = batch["completion_mask_B_C"]
+    normalisers = [(int(mask_B_C[:4].sum()), 4), (int(mask_B_C[4:].sum()), 4)]
+    recorder = LossRecorder(engine, monkeypatch)
+
+    result = engine.update(batch, int(mask_B_C.sum()), minibatches=normalisers)
+
+    last = recorder.steps()[-1]
+    moved = max(float((c["logprobs"] - c["old_logprobs"]).abs()[c["old_logprobs"] != 0].max()) for c in last)
+    assert moved > 1e-3  # the later steps' forwards ran on moved weights ...
+    # ... but trainer and engine are compared on the weights the engine sampled with: they agree
+    assert result["agreement_tokens"] == float(mask_B_C.sum())
+    assert result["logprob_absdiff_sum"] < 1e-5 * float(mask_B_C.sum())
+    assert result["logprob_absdiff_max"] < 1e-5
+    assert result["ratio_max"] == pytest.approx(1.0, rel=0.0, abs=1e-5)
+
+
+def test_update_reports_the_learning_rate_of_its_first_optimizer_step(tiny_model_dir: Path) -> None:
+    engine = _engine(tiny_model_dir, mini_batch_size=4, lr_scheduler="linear", warmup_steps=3, max_steps=4)
+    batch = _batch(tiny_model_dir, 8)
+    mask_B_C = batch["completion_mask_B_C"]
+    normalisers = [(int(mask_B_C[:4].sum()), 4), (int(mask_B_C[4:].sum()), 4)]
+    lrs = _step_lrs(engine)
+
+    first = engine.update(batch, int(mask_B_C.sum()), minibatches=normalisers)
+    second = engine.update(batch, int(mask_B_C.sum()), minibatches=normalisers)
+
+    assert lrs == pytest.approx([0.0, 1e-2 / 3, 2e-2 / 3, 1e-2], rel=1e-9, abs=1e-15)  # warm-up over 3 steps
+    assert (first["lr"], second["lr"]) == pytest.approx((lrs[0], lrs[2]), rel=1e-9, abs=1e-15)
+
+
+def test_sft_update_with_an_lr_steps_with_it_once_and_restores_the_optimizer_learning_rate(
+    tiny_model_dir: Path,
+) -> None:
+    engine = _engine(tiny_model_dir)  # train.lr 1e-2
+    batch = _batch(tiny_model_dir, 4)
+    shard = {k: batch[k] for k in ("prompt_ids_B_P", "prompt_mask_B_P", "completion_ids_B_C", "completion_mask_B_C")}
+    lrs = _step_lrs(engine)
+
+    result = engine.sft_update(shard, int(shard["completion_mask_B_C"].sum()), lr=0.5)
+    after = engine.sft_update(shard, int(shard["completion_mask_B_C"].sum()))
+
+    assert lrs == pytest.approx([0.5, 1e-2], rel=1e-12, abs=0.0)
+    assert (result["lr"], after["lr"]) == pytest.approx((0.5, 1e-2), rel=1e-12, abs=0.0)
+    assert {g["lr"] for g in engine.optimizer.param_groups} == {1e-2}
+
+
+def _sft_step_gradients(rank: int, world_size: int, model_dir: str, shard_keys: dict, num_tokens: int) -> dict:
+    """The gradients this rank's optimizer sees at its ``sft_update`` step (after DDP's all-reduce)."""
+    from accelerate import Accelerator
+
+    from rlsdk.engine.train.engine import TrainEngine
+
+    config = SessionConfig(model=ModelConfig(path=model_dir), train=TrainConfig(micro_batch_size=2, max_grad_norm=None))
+    engine = TrainEngine(config, Accelerator(cpu=True))
+    grads: dict[str, torch.Tensor] = {}
+    inner = getattr(engine.optimizer, "optimizer", engine.optimizer)
+
+    def pre_hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        grads.update({name: p.grad.clone() for name, p in engine.unwrapped.named_parameters()})
+
+    inner.register_step_pre_hook(pre_hook)
+    per_rank = shard_keys["completion_ids_B_C"].shape[0] // world_size
+    shard = {k: v[rank * per_rank : (rank + 1) * per_rank] for k, v in shard_keys.items()}
+    engine.sft_update(shard, num_tokens)
+    return grads
+
+
+@pytest.mark.distributed
+def test_sft_update_over_two_gloo_ranks_steps_with_the_whole_batch_token_mean_gradient(tiny_model_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from rlsdk.algorithms import completion_logprobs
+    from rlsdk.algorithms.sft import sft_loss
+    from rlsdk.testing.distributed import run_gloo_ranks
+
+    model_dir = str(tiny_model_dir)
+    batch = _batch(tiny_model_dir, 8, seed=3)
+    keys = ("prompt_ids_B_P", "prompt_mask_B_P", "completion_ids_B_C", "completion_mask_B_C")
+    tensors = {k: batch[k] for k in keys}
+    num_tokens = int(tensors["completion_mask_B_C"].sum())
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    logprobs_B_C, _ = completion_logprobs(model, *(tensors[k] for k in keys))
+    loss, _ = sft_loss(logprobs_B_C, tensors["completion_mask_B_C"], num_tokens=num_tokens)
+    loss.backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    per_rank = run_gloo_ranks(_sft_step_gradients, 2, model_dir, tensors, num_tokens)
+
+    for grads in per_rank:
+        for name, grad in expected.items():
+            torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
